@@ -1,0 +1,443 @@
+//! The canonical wire envelope (schema_version 1) and its codec.
+//!
+//! Every BabelQueue SDK reads and writes the same JSON object:
+//!
+//! ```json
+//! {"job":"urn:babel:payments:charge","trace_id":"…","data":{…},
+//!  "meta":{"id":"…","queue":"payments","lang":"rust","schema_version":1,"created_at":1749132727000},
+//!  "attempts":0}
+//! ```
+//!
+//! [`Envelope::encode`] writes exactly that compact form (fields in contract order, UTF-8
+//! unescaped, `data` keys in insertion order). [`Envelope::decode`] applies the consumer
+//! acceptance rules and returns a typed [`DecodeError`] for anything else; it never panics.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The only schema version this SDK reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The `meta.lang` this SDK writes.
+pub const LANG: &str = "rust";
+
+/// The queue name used when a producer does not choose one.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// A BabelQueue message: the canonical envelope of schema_version 1.
+///
+/// Build one with [`Envelope::new`] (or [`Envelope::from_payload`]) on the producer side,
+/// read one with [`Envelope::decode`] on the consumer side.
+///
+/// ```
+/// use babelqueue_core::Envelope;
+/// use serde_json::json;
+///
+/// let env = Envelope::new("urn:babel:payments:charge", json!({"payment_id": "pay_7f3a"}))?
+///     .with_queue("payments");
+/// let bytes = env.encode();
+/// let back = Envelope::decode(&bytes)?;
+/// assert_eq!(back, env);
+/// assert_eq!(back.meta.lang, "rust");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Envelope {
+    /// The message URN, e.g. `urn:babel:payments:charge`.
+    pub job: String,
+    /// Correlation id of the whole causal chain (forwarded unchanged by every hop).
+    pub trace_id: String,
+    /// The business payload (a JSON object; key order is preserved).
+    pub data: Map<String, Value>,
+    /// Immutable producer-set metadata.
+    pub meta: Meta,
+    /// Transport retry counter; starts at 0.
+    pub attempts: u32,
+    /// Present only on a dead-lettered message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+    /// Unknown top-level fields found on decode, kept so a re-encoded message loses nothing.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The `meta` block of an [`Envelope`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Identity of this message (UUID v4 when produced by a BabelQueue SDK); the
+    /// idempotency key. Empty when the producer sent none.
+    pub id: String,
+    /// Logical queue name.
+    pub queue: String,
+    /// The producing SDK (`rust`, `go`, `python`, …). Never checked on decode.
+    pub lang: String,
+    /// Always [`SCHEMA_VERSION`] on an accepted envelope.
+    pub schema_version: u32,
+    /// Production time, Unix epoch milliseconds, UTC.
+    pub created_at: i64,
+    /// Unknown `meta` fields found on decode.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Why a message was dead-lettered (`dead_letter.reason`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterReason {
+    /// The handler failed `max_attempts` times.
+    Failed,
+    /// No handler is registered for the URN.
+    UnknownUrn,
+    /// The body is not JSON, or not an accepted envelope.
+    Poison,
+    /// A reason written by another SDK that this version does not know.
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl DeadLetterReason {
+    /// The wire spelling of the reason.
+    pub fn as_str(&self) -> &str {
+        match self {
+            DeadLetterReason::Failed => "failed",
+            DeadLetterReason::UnknownUrn => "unknown_urn",
+            DeadLetterReason::Poison => "poison",
+            DeadLetterReason::Other(s) => s,
+        }
+    }
+}
+
+/// The `dead_letter` block added to a dead-lettered message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Why the message was dead-lettered.
+    pub reason: DeadLetterReason,
+    /// The error message, if any.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The error type name, if any.
+    #[serde(default)]
+    pub exception: Option<String>,
+    /// When it was dead-lettered, Unix epoch milliseconds.
+    #[serde(default)]
+    pub failed_at: i64,
+    /// `meta.queue`, else the queue the message was consumed from.
+    #[serde(default)]
+    pub original_queue: String,
+    /// The attempts count at the time of dead-lettering.
+    #[serde(default)]
+    pub attempts: u32,
+    /// The SDK that dead-lettered it.
+    #[serde(default)]
+    pub lang: String,
+}
+
+/// Why bytes were not accepted as an envelope. Such a message is `poison`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes are not JSON (or not UTF-8).
+    #[error("body is not valid JSON: {0}")]
+    NotJson(String),
+    /// The JSON is not an object.
+    #[error("envelope must be a JSON object, found {0}")]
+    NotAnObject(&'static str),
+    /// Neither `job` nor `urn` is a non-empty string.
+    #[error("envelope has no non-empty `job` (or `urn`) string")]
+    MissingUrn,
+    /// `trace_id` is absent, not a string, or empty.
+    #[error("envelope `trace_id` must be a non-empty string")]
+    InvalidTraceId,
+    /// `data` is absent or not an object.
+    #[error("envelope `data` must be a JSON object, found {0}")]
+    DataNotAnObject(&'static str),
+    /// `meta` is absent or not an object.
+    #[error("envelope `meta` must be a JSON object, found {0}")]
+    MetaNotAnObject(&'static str),
+    /// `meta.schema_version` is absent or not `1`.
+    #[error("unsupported `meta.schema_version` {0} (this SDK reads 1)")]
+    UnsupportedSchemaVersion(String),
+    /// `attempts` is absent or not a non-negative integer.
+    #[error("envelope `attempts` must be a non-negative integer, found {0}")]
+    InvalidAttempts(String),
+}
+
+/// Errors building an envelope on the producer side.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// The URN is empty (or only whitespace).
+    #[error("the URN must be a non-empty string")]
+    EmptyUrn,
+    /// The payload did not serialize to a JSON object.
+    #[error("the payload must serialize to a JSON object, found {0}")]
+    PayloadNotAnObject(&'static str),
+    /// Serializing or deserializing the payload failed.
+    #[error("payload (de)serialization failed: {0}")]
+    Payload(#[from] serde_json::Error),
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Current time as Unix epoch milliseconds.
+pub fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Envelope {
+    /// Builds a new envelope for `urn` carrying `data` (which must be a JSON object).
+    ///
+    /// Mints a UUID v4 `meta.id` and `trace_id`, sets `meta.queue` to `default`,
+    /// `meta.lang` to `rust`, `schema_version` to 1, `created_at` to now (ms) and
+    /// `attempts` to 0.
+    ///
+    /// ```
+    /// use babelqueue_core::Envelope;
+    /// let env = Envelope::new("urn:babel:orders:created", serde_json::json!({"order_id": 1042}))?;
+    /// assert_eq!(env.meta.schema_version, 1);
+    /// assert_ne!(env.meta.id, env.trace_id);
+    /// assert!(Envelope::new("", serde_json::json!({})).is_err());
+    /// # Ok::<(), babelqueue_core::EnvelopeError>(())
+    /// ```
+    pub fn new(urn: impl Into<String>, data: Value) -> Result<Self, EnvelopeError> {
+        let urn = urn.into();
+        if urn.trim().is_empty() {
+            return Err(EnvelopeError::EmptyUrn);
+        }
+        let data = match data {
+            Value::Object(map) => map,
+            other => return Err(EnvelopeError::PayloadNotAnObject(kind(&other))),
+        };
+        Ok(Envelope {
+            job: urn,
+            trace_id: uuid::Uuid::new_v4().to_string(),
+            data,
+            meta: Meta {
+                id: uuid::Uuid::new_v4().to_string(),
+                queue: DEFAULT_QUEUE.to_owned(),
+                lang: LANG.to_owned(),
+                schema_version: SCHEMA_VERSION,
+                created_at: now_millis(),
+                extra: Map::new(),
+            },
+            attempts: 0,
+            dead_letter: None,
+            extra: Map::new(),
+        })
+    }
+
+    /// Builds a new envelope whose `data` is `payload` serialized (it must serialize to a
+    /// JSON object, e.g. a struct or a map).
+    ///
+    /// ```
+    /// use babelqueue_core::Envelope;
+    /// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    /// struct Charge { payment_id: String, amount: u64 }
+    ///
+    /// let charge = Charge { payment_id: "pay_7f3a".into(), amount: 4200 };
+    /// let env = Envelope::from_payload("urn:babel:payments:charge", &charge)?;
+    /// assert_eq!(env.data_as::<Charge>()?, charge);
+    /// # Ok::<(), babelqueue_core::EnvelopeError>(())
+    /// ```
+    pub fn from_payload<T: Serialize + ?Sized>(
+        urn: impl Into<String>,
+        payload: &T,
+    ) -> Result<Self, EnvelopeError> {
+        Envelope::new(urn, serde_json::to_value(payload)?)
+    }
+
+    /// Sets `meta.queue`.
+    #[must_use]
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.meta.queue = queue.into();
+        self
+    }
+
+    /// Continues an existing trace: uses `trace_id` instead of the freshly minted one.
+    #[must_use]
+    pub fn with_trace_id(mut self, trace_id: impl Into<String>) -> Self {
+        self.trace_id = trace_id.into();
+        self
+    }
+
+    /// Continues the trace of `parent` (the message being handled): a message produced
+    /// while handling another keeps its `trace_id` but has its own `meta.id`.
+    ///
+    /// ```
+    /// use babelqueue_core::Envelope;
+    /// let parent = Envelope::new("urn:babel:orders:created", serde_json::json!({}))?;
+    /// let child = Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?
+    ///     .continuing(&parent);
+    /// assert_eq!(child.trace_id, parent.trace_id);
+    /// assert_ne!(child.meta.id, parent.meta.id);
+    /// # Ok::<(), babelqueue_core::EnvelopeError>(())
+    /// ```
+    #[must_use]
+    pub fn continuing(self, parent: &Envelope) -> Self {
+        self.with_trace_id(parent.trace_id.clone())
+    }
+
+    /// The message URN (`job`).
+    pub fn urn(&self) -> &str {
+        &self.job
+    }
+
+    /// The idempotency key: `meta.id`, or `None` when it is empty (fail open).
+    pub fn id(&self) -> Option<&str> {
+        let id = self.meta.id.as_str();
+        (!id.is_empty()).then_some(id)
+    }
+
+    /// Deserializes `data` into `T`.
+    pub fn data_as<T: DeserializeOwned>(&self) -> Result<T, EnvelopeError> {
+        Ok(T::deserialize(Value::Object(self.data.clone()))?)
+    }
+
+    /// Encodes to the canonical compact JSON (contract field order, UTF-8 and `/`
+    /// unescaped, `data` key order preserved).
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain strings, integers and a `Map<String, Value>` into a Vec cannot
+        // fail: there are no non-string keys, no NaN floats and no I/O.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Like [`encode`](Self::encode), as a `String`.
+    pub fn encode_string(&self) -> String {
+        String::from_utf8(self.encode()).unwrap_or_default()
+    }
+
+    /// Decodes bytes into an envelope, applying exactly the consumer acceptance rules:
+    /// the URN (`job`, else the `urn` alias) is a non-empty string, `meta.schema_version`
+    /// is 1, `data` is an object, `attempts` is a non-negative integer and `trace_id` is a
+    /// non-empty string. Unknown fields are tolerated (and kept in `extra`). Optional
+    /// `meta` fields of the wrong type are read as absent. Never panics.
+    ///
+    /// ```
+    /// use babelqueue_core::{DecodeError, Envelope};
+    /// let ok = br#"{"urn":"urn:babel:orders:created","trace_id":"t","data":{},
+    ///              "meta":{"id":"m","queue":"orders","lang":"go","schema_version":1,"created_at":0},
+    ///              "attempts":0}"#;
+    /// assert_eq!(Envelope::decode(ok)?.urn(), "urn:babel:orders:created");
+    /// assert_eq!(Envelope::decode(b"[1,2]"), Err(DecodeError::NotAnObject("an array")));
+    /// # Ok::<(), DecodeError>(())
+    /// ```
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        Envelope::from_value(value)
+    }
+
+    /// Whether `bytes` is an envelope a consumer accepts (see [`decode`](Self::decode)).
+    pub fn accepts(bytes: &[u8]) -> bool {
+        Envelope::decode(bytes).is_ok()
+    }
+
+    /// Applies the acceptance rules to an already parsed JSON value.
+    pub fn from_value(value: Value) -> Result<Self, DecodeError> {
+        let mut obj = match value {
+            Value::Object(m) => m,
+            other => return Err(DecodeError::NotAnObject(kind(&other))),
+        };
+        let job = match (obj.shift_remove("job"), obj.shift_remove("urn")) {
+            (Some(Value::String(s)), _) if !s.is_empty() => s,
+            (_, Some(Value::String(s))) if !s.is_empty() => s,
+            _ => return Err(DecodeError::MissingUrn),
+        };
+        let trace_id = match obj.shift_remove("trace_id") {
+            Some(Value::String(s)) if !s.is_empty() => s,
+            _ => return Err(DecodeError::InvalidTraceId),
+        };
+        let data = match obj.shift_remove("data") {
+            Some(Value::Object(m)) => m,
+            Some(other) => return Err(DecodeError::DataNotAnObject(kind(&other))),
+            None => return Err(DecodeError::DataNotAnObject("nothing")),
+        };
+        let mut meta = match obj.shift_remove("meta") {
+            Some(Value::Object(m)) => m,
+            Some(other) => return Err(DecodeError::MetaNotAnObject(kind(&other))),
+            None => return Err(DecodeError::MetaNotAnObject("nothing")),
+        };
+        let schema_version = match meta.shift_remove("schema_version") {
+            Some(Value::Number(n)) if n.as_u64() == Some(u64::from(SCHEMA_VERSION)) => {
+                SCHEMA_VERSION
+            }
+            Some(other) => return Err(DecodeError::UnsupportedSchemaVersion(other.to_string())),
+            None => return Err(DecodeError::UnsupportedSchemaVersion("absent".into())),
+        };
+        let attempts = match obj.shift_remove("attempts") {
+            Some(Value::Number(n)) => match n.as_u64().and_then(|a| u32::try_from(a).ok()) {
+                Some(a) => a,
+                None => return Err(DecodeError::InvalidAttempts(n.to_string())),
+            },
+            Some(other) => return Err(DecodeError::InvalidAttempts(other.to_string())),
+            None => return Err(DecodeError::InvalidAttempts("absent".into())),
+        };
+        let string_field = |m: &mut Map<String, Value>, k: &str| match m.shift_remove(k) {
+            Some(Value::String(s)) => s,
+            // A numeric id from a loose producer is still a usable identity.
+            Some(Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        };
+        let id = string_field(&mut meta, "id");
+        let queue = string_field(&mut meta, "queue");
+        let lang = string_field(&mut meta, "lang");
+        let created_at = match meta.get("created_at").and_then(Value::as_i64) {
+            Some(ms) => {
+                meta.shift_remove("created_at");
+                ms
+            }
+            None => 0,
+        };
+        let dead_letter = match obj.get("dead_letter") {
+            Some(v) => match DeadLetter::deserialize(v) {
+                Ok(dl) => {
+                    obj.shift_remove("dead_letter");
+                    Some(dl)
+                }
+                // A malformed block from elsewhere is kept verbatim in `extra`.
+                Err(_) => None,
+            },
+            None => None,
+        };
+        Ok(Envelope {
+            job,
+            trace_id,
+            data,
+            meta: Meta {
+                id,
+                queue,
+                lang,
+                schema_version,
+                created_at,
+                extra: meta,
+            },
+            attempts,
+            dead_letter,
+            extra: obj,
+        })
+    }
+}
+
+/// Deserializing an `Envelope` (e.g. nested in another document) applies the same
+/// acceptance rules as [`Envelope::decode`].
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Envelope::from_value(value).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,386 @@
+//! The idempotency guard: the function form `#[idempotent]` expands to.
+//!
+//! The contract (SPEC section 3), for a key `k` (by default the envelope's `meta.id`):
+//!
+//! 1. no usable key (absent or empty) → run the handler, remember nothing (**fail open**);
+//! 2. `seen(k)` → skip: do not call the handler, return `Ok(Outcome::Skipped)` so the
+//!    runtime acks;
+//! 3. otherwise run the handler; only on success `remember(k)`; an error leaves `k`
+//!    unmarked so retry and dead-letter still apply;
+//! 4. `seen` fails → the store's error is returned (converted into the handler's error
+//!    type) and the handler does not run; `remember` fails after a successful handler →
+//!    logged with `tracing::warn!` and the call still succeeds (the known at-least-once
+//!    window).
+//!
+//! ```
+//! use babelqueue_core::{guard, Envelope, InMemoryStore, Outcome};
+//!
+//! let store = InMemoryStore::new();
+//! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+//! let mut charges = 0;
+//! let first = guard(&store, &env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
+//! let second = guard(&store, &env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
+//! assert_eq!((first, second, charges), (Outcome::Ran, Outcome::Skipped, 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::key::DedupeKey;
+use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore};
+use crate::store::{AsyncStore, IntoHandlerError, Store};
+
+/// What the guard did with one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The handler ran and succeeded; its key is now remembered (or a `remember` failure
+    /// was logged).
+    Ran,
+    /// The delivery had no usable key: the handler ran and succeeded, nothing was
+    /// remembered (fail open).
+    RanWithoutKey,
+    /// The key was already seen: the handler did not run. Ack the message.
+    Skipped,
+}
+
+impl Outcome {
+    /// Whether the handler was invoked.
+    pub fn ran(self) -> bool {
+        !matches!(self, Outcome::Skipped)
+    }
+}
+
+/// What a guarded handler may return: `()` (cannot fail) or `Result<(), E>`.
+///
+/// A skipped duplicate has no result to replay, so there is no `Result<T, E>` for other
+/// `T`.
+pub trait HandlerResult {
+    /// The handler's error type (`Infallible` for `()`).
+    type Error;
+    /// The result as a `Result`.
+    fn into_result(self) -> Result<(), Self::Error>;
+}
+
+impl HandlerResult for () {
+    type Error = Infallible;
+    fn into_result(self) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
+
+impl<E> HandlerResult for Result<(), E> {
+    type Error = E;
+    fn into_result(self) -> Result<(), E> {
+        self
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: Cell<Option<Outcome>>;
+}
+
+thread_local! {
+    static CURRENT_SYNC: Cell<Option<(u64, Outcome)>> = const { Cell::new(None) };
+    static CAPTURE_DEPTH: Cell<u64> = const { Cell::new(0) };
+}
+
+fn record(outcome: Outcome) {
+    if CURRENT.try_with(|c| c.set(Some(outcome))).is_err() {
+        let depth = CAPTURE_DEPTH.with(Cell::get);
+        if depth > 0 {
+            CURRENT_SYNC.with(|c| c.set(Some((depth, outcome))));
+        }
+    }
+}
+
+/// Runs `fut` and returns what the (last) guard inside it decided, if any guard ran.
+///
+/// This is how a runtime learns that a handler's `Ok(())` was a skipped duplicate:
+/// the guard records its [`Outcome`] in a task-local slot.
+///
+/// ```
+/// use babelqueue_core::{capture_outcome, guard_async, InMemoryStore, Outcome};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store = InMemoryStore::new();
+/// let handler = || async {
+///     guard_async(&store, "id-A", async { Ok::<(), std::io::Error>(()) }).await.map(|_| ())
+/// };
+/// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Ran));
+/// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Skipped));
+/// # });
+/// ```
+pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
+    CURRENT
+        .scope(Cell::new(None), async move {
+            let out = fut.await;
+            (out, CURRENT.with(Cell::get))
+        })
+        .await
+}
+
+/// The blocking counterpart of [`capture_outcome`], for sync handlers.
+///
+/// ```
+/// use babelqueue_core::{capture_outcome_sync, guard, InMemoryStore, Outcome};
+/// let store = InMemoryStore::new();
+/// let run = || guard(&store, "id-A", || ()).map(|_| ());
+/// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Ran));
+/// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Skipped));
+/// ```
+pub fn capture_outcome_sync<T>(f: impl FnOnce() -> T) -> (T, Option<Outcome>) {
+    let depth = CAPTURE_DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
+    let out = f();
+    CAPTURE_DEPTH.with(|d| d.set(depth - 1));
+    let got = CURRENT_SYNC.with(|c| match c.get() {
+        Some((d, o)) if d == depth => {
+            c.set(None);
+            Some(o)
+        }
+        _ => None,
+    });
+    (out, got)
+}
+
+fn skipped(key: &str) -> Outcome {
+    tracing::debug!(key, "duplicate skipped: already processed");
+    record(Outcome::Skipped);
+    Outcome::Skipped
+}
+
+fn remember_failed(key: &str, err: &dyn std::error::Error) {
+    tracing::warn!(
+        key,
+        error = %err,
+        "handler succeeded but remembering the key failed; a redelivery may run it again"
+    );
+}
+
+fn done(outcome: Outcome) -> Outcome {
+    record(outcome);
+    outcome
+}
+
+/// Guards a blocking handler with a blocking [`Store`], keyed on `key` (pass `&envelope`
+/// to key on `meta.id`). See the [module docs](self) for the contract.
+///
+/// The store's error must convert into the handler's error (`S::Error: IntoHandlerError<R::Error>`);
+/// with an infallible store such as [`InMemoryStore`](crate::InMemoryStore) a handler
+/// returning `()` works too.
+pub fn guard<S, K, F, R>(store: &S, key: K, handler: F) -> Result<Outcome, R::Error>
+where
+    S: Store + ?Sized,
+    K: DedupeKey,
+    F: FnOnce() -> R,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    guard_ttl(store, key, None, handler)
+}
+
+/// [`guard`] with a TTL for the remembered key (`None`: the store's default).
+pub fn guard_ttl<S, K, F, R>(
+    store: &S,
+    key: K,
+    ttl: Option<Duration>,
+    handler: F,
+) -> Result<Outcome, R::Error>
+where
+    S: Store + ?Sized,
+    K: DedupeKey,
+    F: FnOnce() -> R,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    let Some(key) = key.dedupe_key() else {
+        handler().into_result()?;
+        return Ok(done(Outcome::RanWithoutKey));
+    };
+    if store.seen(&key).map_err(IntoHandlerError::into_handler_error)? {
+        return Ok(skipped(&key));
+    }
+    handler().into_result()?;
+    if let Err(err) = store.remember_for(&key, ttl) {
+        remember_failed(&key, &err);
+    }
+    Ok(done(Outcome::Ran))
+}
+
+/// Guards an async handler (pass its future, which is only polled if it must run) with
+/// an [`AsyncStore`]. See the [module docs](self) for the contract.
+///
+/// ```
+/// use babelqueue_core::{guard_async, Envelope, InMemoryStore, Outcome};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store = InMemoryStore::new();
+/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?;
+/// let out = guard_async(&store, &env, async { Ok::<(), std::io::Error>(()) }).await?;
+/// assert_eq!(out, Outcome::Ran);
+/// let out = guard_async(&store, &env, async { Ok::<(), std::io::Error>(()) }).await?;
+/// assert_eq!(out, Outcome::Skipped);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub async fn guard_async<S, K, Fut, R>(store: &S, key: K, handler: Fut) -> Result<Outcome, R::Error>
+where
+    S: AsyncStore + ?Sized,
+    K: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    guard_async_ttl(store, key, None, handler).await
+}
+
+/// [`guard_async`] with a TTL for the remembered key (`None`: the store's default).
+pub async fn guard_async_ttl<S, K, Fut, R>(
+    store: &S,
+    key: K,
+    ttl: Option<Duration>,
+    handler: Fut,
+) -> Result<Outcome, R::Error>
+where
+    S: AsyncStore + ?Sized,
+    K: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    let Some(key) = key.dedupe_key() else {
+        handler.await.into_result()?;
+        return Ok(done(Outcome::RanWithoutKey));
+    };
+    if store.seen(&key).await.map_err(IntoHandlerError::into_handler_error)? {
+        return Ok(skipped(&key));
+    }
+    handler.await.into_result()?;
+    if let Err(err) = store.remember_for(&key, ttl).await {
+        remember_failed(&key, &err);
+    }
+    Ok(done(Outcome::Ran))
+}
+
+fn release_failed(key: &str, err: &dyn std::error::Error) {
+    tracing::warn!(
+        key,
+        error = %err,
+        "handler failed and releasing its claim failed; the id stays blocked until the lease ends"
+    );
+}
+
+/// Guards a blocking handler in **lease mode** (see [`crate::lease`]): claims the key
+/// for `lease` before running, so two workers never run it at the same moment.
+///
+/// An id in flight elsewhere returns [`InFlight`] converted into the handler's error
+/// (so the handler's error type must implement `From<InFlight>`): do not ack, retry
+/// later.
+///
+/// ```
+/// use std::time::Duration;
+/// use babelqueue_core::{guard_lease, InFlight, InMemoryStore, Outcome};
+///
+/// #[derive(Debug)]
+/// enum Error { Busy(InFlight) }
+/// impl From<InFlight> for Error { fn from(e: InFlight) -> Self { Error::Busy(e) } }
+///
+/// let store = InMemoryStore::new();
+/// let out = guard_lease(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Error>(()));
+/// assert_eq!(out.unwrap(), Outcome::Ran);
+/// let out = guard_lease(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Error>(()));
+/// assert_eq!(out.unwrap(), Outcome::Skipped);
+/// ```
+pub fn guard_lease<S, K, F, R>(
+    store: &S,
+    key: K,
+    lease: Duration,
+    ttl: Option<Duration>,
+    handler: F,
+) -> Result<Outcome, R::Error>
+where
+    S: LeaseStore + ?Sized,
+    K: DedupeKey,
+    F: FnOnce() -> R,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+    R::Error: From<InFlight>,
+{
+    let Some(key) = key.dedupe_key() else {
+        handler().into_result()?;
+        return Ok(done(Outcome::RanWithoutKey));
+    };
+    let token = match store.claim(&key, lease).map_err(IntoHandlerError::into_handler_error)? {
+        Claim::Completed => return Ok(skipped(&key)),
+        Claim::InFlight => return Err(InFlight { id: key.into_owned() }.into()),
+        Claim::Acquired(token) => token,
+    };
+    match handler().into_result() {
+        Ok(()) => {
+            match store.complete(&key, &token, ttl) {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key = &*key,
+                    "handler succeeded after its lease ended; the id was not marked completed"
+                ),
+                Err(err) => remember_failed(&key, &err),
+            }
+            Ok(done(Outcome::Ran))
+        }
+        Err(e) => {
+            if let Err(err) = store.release(&key, &token) {
+                release_failed(&key, &err);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The async counterpart of [`guard_lease`], for an [`AsyncLeaseStore`].
+pub async fn guard_lease_async<S, K, Fut, R>(
+    store: &S,
+    key: K,
+    lease: Duration,
+    ttl: Option<Duration>,
+    handler: Fut,
+) -> Result<Outcome, R::Error>
+where
+    S: AsyncLeaseStore + ?Sized,
+    K: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+    R::Error: From<InFlight>,
+{
+    let Some(key) = key.dedupe_key() else {
+        handler.await.into_result()?;
+        return Ok(done(Outcome::RanWithoutKey));
+    };
+    let token = match store.claim(&key, lease).await.map_err(IntoHandlerError::into_handler_error)? {
+        Claim::Completed => return Ok(skipped(&key)),
+        Claim::InFlight => return Err(InFlight { id: key.into_owned() }.into()),
+        Claim::Acquired(token) => token,
+    };
+    match handler.await.into_result() {
+        Ok(()) => {
+            match store.complete(&key, &token, ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key = &*key,
+                    "handler succeeded after its lease ended; the id was not marked completed"
+                ),
+                Err(err) => remember_failed(&key, &err),
+            }
+            Ok(done(Outcome::Ran))
+        }
+        Err(e) => {
+            if let Err(err) = store.release(&key, &token).await {
+                release_failed(&key, &err);
+            }
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Handlers and the [`Router`] that dispatches an envelope to the handler of its URN.
+//!
+//! A handler declared with `#[handler("urn:…")]` carries its URN, so registering it is
+//! `router.register(charge)`; closures can be routed by hand with
+//! [`Router::route_sync`] / [`Router::route_async`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::envelope::Envelope;
+use crate::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
+
+/// A boxed, thread-safe error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A boxed `Send` future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A handler failed: its error, and the name of the error's type (written to
+/// `dead_letter.exception`).
+#[derive(Debug)]
+pub struct HandlerError {
+    error: BoxError,
+    type_name: &'static str,
+}
+
+impl HandlerError {
+    /// Wraps a handler's error, remembering its type name.
+    pub fn new<E: Into<BoxError>>(error: E) -> Self {
+        HandlerError {
+            type_name: std::any::type_name::<E>(),
+            error: error.into(),
+        }
+    }
+
+    /// Wraps an error whose type name is given explicitly.
+    pub fn with_type_name(error: BoxError, type_name: &'static str) -> Self {
+        HandlerError { error, type_name }
+    }
+
+    /// The error's type name (e.g. `payments::ChargeError`).
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+
+    /// The underlying error.
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The underlying error, owned.
+    pub fn into_error(self) -> BoxError {
+        self.error
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
+
+/// What a handler invocation reports: `Ok(Some(outcome))` when an idempotency guard ran
+/// inside it (so a skipped duplicate is visible), `Ok(None)` for an unguarded handler.
+pub type HandlerOutput = Result<Option<Outcome>, HandlerError>;
+
+/// A message handler for one URN. `#[handler("urn:…")]` implements it; most code never
+/// implements it by hand.
+pub trait Handler: Send + Sync + 'static {
+    /// The URN this handler serves.
+    fn urn(&self) -> &str;
+
+    /// Handles one envelope.
+    fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput>;
+}
+
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    fn urn(&self) -> &str {
+        H::urn(self)
+    }
+    fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
+        H::call(self, envelope)
+    }
+}
+
+fn into_output<R>(result: R, outcome: Option<Outcome>) -> HandlerOutput
+where
+    R: HandlerResult,
+    R::Error: Into<BoxError>,
+{
+    match result.into_result() {
+        Ok(()) => Ok(outcome),
+        Err(e) => Err(HandlerError::new(e)),
+    }
+}
+
+/// Runs a blocking handler: on tokio's blocking pool when a runtime is present (so a
+/// sync store never blocks a worker thread), inline otherwise. A panic becomes a
+/// [`HandlerError`].
+pub fn run_sync<F, R>(f: F) -> BoxFuture<'static, HandlerOutput>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: HandlerResult + 'static,
+    R::Error: Into<BoxError>,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            let task = handle.spawn_blocking(move || {
+                let (r, o) = capture_outcome_sync(f);
+                into_output(r, o)
+            });
+            Box::pin(async move {
+                match task.await {
+                    Ok(out) => out,
+                    Err(e) => Err(HandlerError::with_type_name(
+                        format!("handler panicked: {e}").into(),
+                        "panic",
+                    )),
+                }
+            })
+        }
+        Err(_) => {
+            let (r, o) = capture_outcome_sync(f);
+            Box::pin(std::future::ready(into_output(r, o)))
+        }
+    }
+}
+
+/// Runs an async handler's future, capturing the guard's outcome.
+pub fn run_async<Fut, R>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
+where
+    Fut: Future<Output = R> + Send + 'static,
+    R: HandlerResult,
+    R::Error: Into<BoxError>,
+{
+    Box::pin(async move {
+        let (r, o) = capture_outcome(fut).await;
+        into_output(r, o)
+    })
+}
+
+struct SyncFn<F> {
+    urn: String,
+    f: Arc<F>,
+}
+
+impl<F, R> Handler for SyncFn<F>
+where
+    F: Fn(&Envelope) -> R + Send + Sync + 'static,
+    R: HandlerResult + 'static,
+    R::Error: Into<BoxError>,
+{
+    fn urn(&self) -> &str {
+        &self.urn
+    }
+    fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
+        let f = Arc::clone(&self.f);
+        run_sync(move || f(&envelope))
+    }
+}
+
+struct AsyncFn<F> {
+    urn: String,
+    f: F,
+}
+
+impl<F, Fut, R> Handler for AsyncFn<F>
+where
+    F: Fn(Envelope) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+    R: HandlerResult,
+    R::Error: Into<BoxError>,
+{
+    fn urn(&self) -> &str {
+        &self.urn
+    }
+    fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
+        run_async((self.f)(envelope))
+    }
+}
+
+/// No handler is registered for an envelope's URN.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no handler registered for URN `{0}`")]
+pub struct UnknownUrn(pub String);
+
+/// Routes envelopes to handlers by URN.
+///
+/// ```
+/// use babelqueue_core::{Envelope, Router};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let router = Router::new()
+///     .route_sync("urn:babel:orders:created", |env: &Envelope| {
+///         assert_eq!(env.data["order_id"], 1042);
+///     })
+///     .route_async("urn:babel:payments:charge", |_env: Envelope| async {
+///         Ok::<(), std::io::Error>(())
+///     });
+/// let env = Envelope::new("urn:babel:orders:created", serde_json::json!({"order_id": 1042}))?;
+/// router.dispatch(env).await?.unwrap();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Default)]
+pub struct Router {
+    routes: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut urns: Vec<_> = self.routes.keys().collect();
+        urns.sort();
+        f.debug_struct("Router").field("urns", &urns).finish()
+    }
+}
+
+impl Router {
+    /// An empty router.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a handler under the URN it declares. A later registration for the same
+    /// URN replaces the earlier one.
+    pub fn register<H: Handler>(mut self, handler: H) -> Self {
+        self.add(handler);
+        self
+    }
+
+    /// Registers a handler in place (see [`register`](Self::register)).
+    pub fn add<H: Handler>(&mut self, handler: H) -> &mut Self {
+        self.routes
+            .insert(handler.urn().to_owned(), Arc::new(handler));
+        self
+    }
+
+    /// Routes `urn` to a blocking closure taking `&Envelope` and returning `()` or
+    /// `Result<(), E>`.
+    pub fn route_sync<F, R>(self, urn: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(&Envelope) -> R + Send + Sync + 'static,
+        R: HandlerResult + 'static,
+        R::Error: Into<BoxError>,
+    {
+        self.register(SyncFn {
+            urn: urn.into(),
+            f: Arc::new(f),
+        })
+    }
+
+    /// Routes `urn` to an async closure taking the `Envelope` by value.
+    pub fn route_async<F, Fut, R>(self, urn: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(Envelope) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: HandlerResult,
+        R::Error: Into<BoxError>,
+    {
+        self.register(AsyncFn { urn: urn.into(), f })
+    }
+
+    /// The handler for `urn`, if any.
+    pub fn get(&self, urn: &str) -> Option<&Arc<dyn Handler>> {
+        self.routes.get(urn)
+    }
+
+    /// The registered URNs (unordered).
+    pub fn urns(&self) -> impl Iterator<Item = &str> {
+        self.routes.keys().map(String::as_str)
+    }
+
+    /// Dispatches an envelope to the handler of its URN.
+    ///
+    /// `Err(UnknownUrn)` when none is registered; otherwise the handler's output.
+    pub async fn dispatch(&self, envelope: Envelope) -> Result<HandlerOutput, UnknownUrn> {
+        match self.routes.get(envelope.urn()) {
+            Some(h) => Ok(h.call(envelope).await),
+            None => Err(UnknownUrn(envelope.job)),
+        }
+    }
+}

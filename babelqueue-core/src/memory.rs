@@ -1,0 +1,626 @@
+//! [`InMemoryStore`]: a process-local, bounded, sharded seen-set.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
+
+use crate::lease::{AsyncLeaseStore, Claim, LeaseStore, LeaseToken};
+use crate::store::{AsyncStore, Store};
+
+/// Capacities below this use one shard, so "oldest first" eviction is exact.
+const EXACT_FIFO_BELOW: usize = 4096;
+const DEFAULT_SHARDS: usize = 32;
+/// `expires` value of an entry that never expires.
+const NEVER: u64 = 0;
+/// `expires` value of a forgotten entry waiting to leave the ring.
+const DEAD: u64 = u64::MAX;
+
+/// A process-local seen-set: for tests and a single process (a fleet needs a shared
+/// store such as Redis or PostgreSQL).
+///
+/// * **Cannot fail**: its error type is [`Infallible`], so a handler returning `()` can
+///   use it, and it implements both [`Store`] and [`AsyncStore`] (no call ever blocks on
+///   I/O).
+/// * **Concurrent**: ids are spread over independent shards (32 by default), each behind
+///   its own mutex, so many threads do not contend on one lock.
+/// * **Bounded**: an optional TTL (a remembered id stops being seen after it) and an
+///   optional capacity (the oldest ids are evicted first), so a consumer running for
+///   months does not grow without limit. With a capacity below 4096 the store uses a single
+///   shard and eviction is exactly oldest-first; above, each shard holds
+///   `capacity / shards` ids and evicts its own oldest.
+/// * **Small**: an id in the canonical UUID form (lowercase, hyphenated, what every
+///   BabelQueue SDK mints) is stored as its 16 bytes, not as a string. One remembered UUID
+///   id costs about 24 bytes in the insertion ring plus 9 bytes in the hash index, before
+///   the spare room that growing collections keep: **measured 54 bytes per id at
+///   1,000,000 ids** (the `memory_per_id` bench), against 94 bytes for a
+///   `HashSet<String>` in the same run. Other ids are stored as a `Box<str>` (plus their
+///   length on the heap).
+///
+/// ```
+/// use std::time::Duration;
+/// use babelqueue_core::{InMemoryStore, Store};
+///
+/// let store = InMemoryStore::builder()
+///     .ttl(Duration::from_secs(24 * 3600))
+///     .capacity(1_000_000)
+///     .build();
+/// store.remember("f1e2d3c4-b5a6-4789-90ab-cdef01234567").unwrap();
+/// assert!(store.seen("f1e2d3c4-b5a6-4789-90ab-cdef01234567").unwrap());
+/// assert_eq!(store.len(), 1);
+/// ```
+pub struct InMemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    ttl: Option<Duration>,
+    per_shard_capacity: Option<usize>,
+    epoch: Instant,
+}
+
+/// Builds an [`InMemoryStore`] with a TTL and/or a capacity.
+#[derive(Debug, Default, Clone)]
+pub struct InMemoryStoreBuilder {
+    ttl: Option<Duration>,
+    capacity: Option<usize>,
+    shards: Option<usize>,
+}
+
+impl InMemoryStoreBuilder {
+    /// How long a remembered id is seen (default: forever). `remember_for` overrides it
+    /// per id.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The most ids kept; beyond it the oldest are evicted (default: unbounded).
+    #[must_use]
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = Some(capacity.max(1));
+        self
+    }
+
+    /// The number of shards (rounded up to a power of two; default 32, or 1 for a
+    /// capacity below 4096).
+    #[must_use]
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards.clamp(1, 1 << 16).next_power_of_two());
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> InMemoryStore {
+        let shards = match (self.shards, self.capacity) {
+            (Some(n), _) => n,
+            (None, Some(c)) if c < EXACT_FIFO_BELOW => 1,
+            (None, _) => DEFAULT_SHARDS,
+        };
+        InMemoryStore {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: RandomState::new(),
+            ttl: self.ttl,
+            per_shard_capacity: self.capacity.map(|c| (c / shards).max(1)),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Default for InMemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for InMemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InMemoryStore")
+            .field("shards", &self.shards.len())
+            .field("ttl", &self.ttl)
+            .field("per_shard_capacity", &self.per_shard_capacity)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Key {
+    Uuid([u8; 16]),
+    Text(Box<str>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyRef<'a> {
+    Uuid([u8; 16]),
+    Text(&'a str),
+}
+
+impl Key {
+    fn as_ref(&self) -> KeyRef<'_> {
+        match self {
+            Key::Uuid(b) => KeyRef::Uuid(*b),
+            Key::Text(s) => KeyRef::Text(s),
+        }
+    }
+}
+
+impl KeyRef<'_> {
+    fn parse(id: &str) -> KeyRef<'_> {
+        // Only the canonical lowercase hyphenated form is packed, so two spellings of
+        // one UUID stay two ids, as they are in every other store.
+        if id.len() == 36
+            && let Ok(u) = uuid::Uuid::try_parse(id)
+        {
+            let mut buf = [0u8; 36];
+            if u.hyphenated().encode_lower(&mut buf) == id {
+                return KeyRef::Uuid(*u.as_bytes());
+            }
+        }
+        KeyRef::Text(id)
+    }
+
+    fn to_owned(self) -> Key {
+        match self {
+            KeyRef::Uuid(b) => Key::Uuid(b),
+            KeyRef::Text(s) => Key::Text(s.into()),
+        }
+    }
+
+    fn hash_with(self, state: &RandomState) -> u64 {
+        let mut h = state.build_hasher();
+        match self {
+            KeyRef::Uuid(b) => {
+                0u8.hash(&mut h);
+                b.hash(&mut h);
+            }
+            KeyRef::Text(s) => {
+                1u8.hash(&mut h);
+                s.hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    key: Key,
+    /// Deadline in store milliseconds, [`NEVER`], or [`DEAD`] once forgotten.
+    expires: u64,
+}
+
+/// One shard: entries in insertion order (a ring) and a hash index of their sequence
+/// numbers, so each key is stored once.
+#[derive(Debug, Default)]
+struct Shard {
+    ring: VecDeque<Entry>,
+    /// Sequence number of `ring[0]`.
+    base: u64,
+    index: HashTable<u64>,
+    /// In-flight claims of lease mode: key → (token, lease deadline).
+    inflight: HashMap<Box<str>, (LeaseToken, u64)>,
+}
+
+impl Shard {
+    fn find(&self, hash: u64, key: KeyRef<'_>) -> Option<u64> {
+        let Shard { ring, base, index, .. } = self;
+        index
+            .find(hash, |&seq| ring[(seq - base) as usize].key.as_ref() == key)
+            .copied()
+    }
+
+    fn remove_index(&mut self, hash: u64, seq: u64) {
+        if let Ok(e) = self.index.find_entry(hash, |&s| s == seq) {
+            e.remove();
+        }
+    }
+
+    fn entry(&mut self, seq: u64) -> &mut Entry {
+        &mut self.ring[(seq - self.base) as usize]
+    }
+
+    /// Whether `key` is live at `now`; drops it when expired.
+    fn seen(&mut self, hash: u64, key: KeyRef<'_>, now: u64) -> bool {
+        let Some(seq) = self.find(hash, key) else {
+            return false;
+        };
+        let expires = self.entry(seq).expires;
+        if expires == NEVER || now < expires {
+            return true;
+        }
+        self.entry(seq).expires = DEAD;
+        self.remove_index(hash, seq);
+        false
+    }
+
+    /// Remembers `key`; returns whether this call added it (a `SET NX`).
+    fn remember(
+        &mut self,
+        hash: u64,
+        key: KeyRef<'_>,
+        expires: u64,
+        now: u64,
+        cap: Option<usize>,
+        hasher: &RandomState,
+    ) -> bool {
+        if self.seen(hash, key, now) {
+            return false;
+        }
+        let seq = self.base + self.ring.len() as u64;
+        self.ring.push_back(Entry {
+            key: key.to_owned(),
+            expires,
+        });
+        let Shard { ring, base, index, .. } = self;
+        index.insert_unique(hash, seq, |&s| {
+            ring[(s - *base) as usize].key.as_ref().hash_with(hasher)
+        });
+        self.evict(now, cap, hasher);
+        true
+    }
+
+    fn forget(&mut self, hash: u64, key: KeyRef<'_>) {
+        if let Some(seq) = self.find(hash, key) {
+            self.entry(seq).expires = DEAD;
+            self.remove_index(hash, seq);
+        }
+    }
+
+    /// Pops forgotten and expired entries off the front, and the oldest live ones while
+    /// over capacity.
+    fn evict(&mut self, now: u64, cap: Option<usize>, hasher: &RandomState) {
+        while let Some(front) = self.ring.front() {
+            let dead = front.expires == DEAD;
+            let expired = front.expires != NEVER && now >= front.expires;
+            let over = cap.is_some_and(|c| self.index.len() > c);
+            if !(dead || expired || over) {
+                break;
+            }
+            if !dead {
+                let hash = front.key.as_ref().hash_with(hasher);
+                let seq = self.base;
+                self.remove_index(hash, seq);
+            }
+            self.ring.pop_front();
+            self.base += 1;
+        }
+        if self.ring.capacity() > 64 && self.ring.len() < self.ring.capacity() / 4 {
+            self.ring.shrink_to(self.ring.len() * 2);
+        }
+    }
+}
+
+impl InMemoryStore {
+    /// An unbounded store (no TTL, no capacity): right for tests and short-lived
+    /// processes. Use [`builder`](Self::builder) for a long-running consumer.
+    pub fn new() -> Self {
+        InMemoryStoreBuilder::default().build()
+    }
+
+    /// A builder for a bounded store.
+    pub fn builder() -> InMemoryStoreBuilder {
+        InMemoryStoreBuilder::default()
+    }
+
+    /// A store whose ids expire after `ttl`.
+    pub fn with_ttl(ttl: Duration) -> Self {
+        Self::builder().ttl(ttl).build()
+    }
+
+    /// A store keeping at most `capacity` ids (oldest evicted first).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self::builder().capacity(capacity).build()
+    }
+
+    /// The number of ids currently remembered (expired ids not yet swept included).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).index.len()).sum()
+    }
+
+    /// Whether no id is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every id.
+    pub fn clear(&self) {
+        for s in self.shards.iter() {
+            *lock(s) = Shard::default();
+        }
+    }
+
+    /// Remembers `id` and returns whether this call added it (`false`: it was already
+    /// remembered) — the in-memory twin of Redis' `SET NX`.
+    ///
+    /// ```
+    /// let store = babelqueue_core::InMemoryStore::new();
+    /// assert!(store.claim("id-A"));
+    /// assert!(!store.claim("id-A"));
+    /// ```
+    pub fn claim(&self, id: &str) -> bool {
+        self.insert(id, None)
+    }
+
+    fn now(&self) -> u64 {
+        // +1 so that no deadline is ever NEVER (0).
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn deadline(&self, now: u64, ttl: Option<Duration>) -> u64 {
+        match ttl.or(self.ttl) {
+            None => NEVER,
+            Some(t) => now
+                .saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+                .min(DEAD - 1),
+        }
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        let i = (hash >> 40) as usize & (self.shards.len() - 1);
+        lock(&self.shards[i])
+    }
+
+    fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let expires = self.deadline(now, ttl);
+        self.shard(hash).remember(
+            hash,
+            key,
+            expires,
+            now,
+            self.per_shard_capacity,
+            &self.hasher,
+        )
+    }
+
+    fn is_seen(&self, id: &str) -> bool {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        self.shard(hash).seen(hash, key, now)
+    }
+
+    fn remove(&self, id: &str) {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let mut shard = self.shard(hash);
+        shard.forget(hash, key);
+        shard.inflight.remove(id);
+    }
+
+    fn try_claim(&self, id: &str, lease: Duration) -> Claim {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let mut shard = self.shard(hash);
+        if shard.seen(hash, key, now) {
+            return Claim::Completed;
+        }
+        if let Some((_, deadline)) = shard.inflight.get(id)
+            && now < *deadline
+        {
+            return Claim::InFlight;
+        }
+        let token = LeaseToken::new();
+        let deadline = self.deadline(now, Some(lease));
+        shard.inflight.insert(id.into(), (token.clone(), deadline));
+        Claim::Acquired(token)
+    }
+
+    fn finish(&self, id: &str, token: &LeaseToken, complete: Option<Option<Duration>>) -> bool {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let mut shard = self.shard(hash);
+        let holds = matches!(shard.inflight.get(id), Some((t, d)) if t == token && now < *d);
+        if !holds {
+            return false;
+        }
+        shard.inflight.remove(id);
+        if let Some(ttl) = complete {
+            let expires = self.deadline(now, ttl);
+            shard.remember(
+                hash,
+                key,
+                expires,
+                now,
+                self.per_shard_capacity,
+                &self.hasher,
+            );
+        }
+        true
+    }
+}
+
+/// A poisoned shard only means another thread panicked while holding it; the data is a
+/// plain set and stays consistent, so keep using it.
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store for InMemoryStore {
+    type Error = Infallible;
+
+    fn seen(&self, id: &str) -> Result<bool, Infallible> {
+        Ok(self.is_seen(id))
+    }
+
+    fn remember(&self, id: &str) -> Result<(), Infallible> {
+        self.insert(id, None);
+        Ok(())
+    }
+
+    fn remember_for(&self, id: &str, ttl: Option<Duration>) -> Result<(), Infallible> {
+        self.insert(id, ttl);
+        Ok(())
+    }
+
+    fn forget(&self, id: &str) -> Result<(), Infallible> {
+        self.remove(id);
+        Ok(())
+    }
+}
+
+impl AsyncStore for InMemoryStore {
+    type Error = Infallible;
+
+    fn seen(&self, id: &str) -> impl Future<Output = Result<bool, Infallible>> + Send {
+        std::future::ready(Ok(self.is_seen(id)))
+    }
+
+    fn remember(&self, id: &str) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.insert(id, None);
+        std::future::ready(Ok(()))
+    }
+
+    fn remember_for(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.insert(id, ttl);
+        std::future::ready(Ok(()))
+    }
+
+    fn forget(&self, id: &str) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.remove(id);
+        std::future::ready(Ok(()))
+    }
+}
+
+impl LeaseStore for InMemoryStore {
+    fn claim(&self, id: &str, lease: Duration) -> Result<Claim, Infallible> {
+        Ok(self.try_claim(id, lease))
+    }
+
+    fn complete(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        ttl: Option<Duration>,
+    ) -> Result<bool, Infallible> {
+        Ok(self.finish(id, token, Some(ttl)))
+    }
+
+    fn release(&self, id: &str, token: &LeaseToken) -> Result<bool, Infallible> {
+        Ok(self.finish(id, token, None))
+    }
+}
+
+impl AsyncLeaseStore for InMemoryStore {
+    fn claim(
+        &self,
+        id: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, Infallible>> + Send {
+        std::future::ready(Ok(self.try_claim(id, lease)))
+    }
+
+    fn complete(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<bool, Infallible>> + Send {
+        std::future::ready(Ok(self.finish(id, token, Some(ttl))))
+    }
+
+    fn release(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<bool, Infallible>> + Send {
+        std::future::ready(Ok(self.finish(id, token, None)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U1: &str = "f1e2d3c4-b5a6-4789-90ab-cdef01234567";
+
+    #[test]
+    fn uuid_and_text_ids_are_distinct_spellings() {
+        let s = InMemoryStore::new();
+        s.insert(U1, None);
+        assert!(s.is_seen(U1));
+        assert!(!s.is_seen(&U1.to_uppercase()));
+        s.insert("plain id", None);
+        assert!(s.is_seen("plain id"));
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn capacity_evicts_oldest_first() {
+        let s = InMemoryStore::with_capacity(3);
+        for id in ["a", "b", "c", "d"] {
+            s.insert(id, None);
+        }
+        assert!(!s.is_seen("a"));
+        assert!(s.is_seen("b") && s.is_seen("c") && s.is_seen("d"));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn forget_then_remember_keeps_fifo_order() {
+        let s = InMemoryStore::with_capacity(2);
+        s.insert("a", None);
+        s.remove("a");
+        s.insert("b", None);
+        s.insert("a", None);
+        s.insert("c", None);
+        // "b" is the oldest live id; the stale ring slot of the first "a" must not
+        // evict the second "a".
+        assert!(!s.is_seen("b"));
+        assert!(s.is_seen("a") && s.is_seen("c"));
+    }
+
+    #[test]
+    fn ttl_expires_and_frees_memory() {
+        let s = InMemoryStore::with_ttl(Duration::from_millis(20));
+        for i in 0..100 {
+            s.insert(&format!("id-{i}"), None);
+        }
+        assert!(s.is_seen("id-0"));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!s.is_seen("id-0"));
+        s.insert("fresh", None);
+        let ring: usize = s.shards.iter().map(|sh| lock(sh).ring.len()).sum();
+        assert!(ring < 100, "expired entries were not swept: {ring}");
+    }
+
+    #[test]
+    fn per_call_ttl_overrides_default() {
+        let s = InMemoryStore::new();
+        s.insert("short", Some(Duration::from_millis(10)));
+        s.insert("long", None);
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(!s.is_seen("short"));
+        assert!(s.is_seen("long"));
+    }
+
+    #[test]
+    fn lease_claims() {
+        let s = InMemoryStore::new();
+        let Claim::Acquired(t) = s.try_claim("x", Duration::from_secs(30)) else {
+            panic!("first claim must win")
+        };
+        assert_eq!(s.try_claim("x", Duration::from_secs(30)), Claim::InFlight);
+        assert!(!s.finish("x", &LeaseToken::new(), Some(None)), "stranger completed");
+        assert!(s.finish("x", &t, Some(None)));
+        assert_eq!(s.try_claim("x", Duration::from_secs(30)), Claim::Completed);
+        let Claim::Acquired(t2) = s.try_claim("y", Duration::from_millis(10)) else {
+            panic!()
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(matches!(s.try_claim("y", Duration::from_secs(1)), Claim::Acquired(_)));
+        assert!(!s.finish("y", &t2, None), "expired holder released");
+    }
+}

@@ -1,0 +1,1 @@
+//! BabelQueue postgres backend.

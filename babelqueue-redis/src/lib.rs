@@ -1,0 +1,1 @@
+//! BabelQueue redis backend.

@@ -1,0 +1,1 @@
+//! BabelQueue sqlite backend.
