@@ -1,0 +1,318 @@
+//! Building retried and dead-lettered bodies at the JSON level, so every field of the
+//! original message (known or not) survives, and the poison representation.
+//!
+//! # Poison messages
+//!
+//! A body that is a JSON **object** but not an accepted envelope (unknown
+//! `schema_version`, no URN, …) is dead-lettered as is, plus the `dead_letter` block.
+//!
+//! Any other body (not JSON, invalid UTF-8, a JSON array or scalar, empty) cannot carry a
+//! `dead_letter` block, so it is wrapped in an accepted envelope whose `data` holds the
+//! original bytes:
+//!
+//! ```json
+//! {"job":"urn:babel:poison","trace_id":"<new uuid>",
+//!  "data":{"encoding":"utf8","body":"<the original body>"},
+//!  "meta":{"id":"<new uuid>","queue":"<consumed queue>","lang":"rust","schema_version":1,"created_at":<now ms>},
+//!  "attempts":0,
+//!  "dead_letter":{"reason":"poison","error":"<decode error>","exception":"babelqueue_core::envelope::DecodeError",
+//!                 "failed_at":<now ms>,"original_queue":"<consumed queue>","attempts":0,"lang":"rust"}}
+//! ```
+//!
+//! `data.encoding` is `utf8` when the body is valid UTF-8 (`data.body` is then the body
+//! itself, as a JSON string, which round-trips every character exactly) and `base64`
+//! (standard alphabet, padded) otherwise. Either way the original bytes are recoverable
+//! exactly: see [`poison_body`].
+
+use serde_json::{Map, Value};
+
+use crate::envelope::{DecodeError, Envelope, LANG, now_millis};
+
+/// The URN of the wrapper envelope a non-object poison body is dead-lettered in.
+pub const POISON_URN: &str = "urn:babel:poison";
+
+/// The `dead_letter` block, in contract field order.
+pub(crate) struct Block<'a> {
+    pub reason: &'a str,
+    pub error: Option<String>,
+    pub exception: Option<&'a str>,
+    pub attempts: u64,
+}
+
+impl Block<'_> {
+    fn to_value(&self, original_queue: &str) -> Value {
+        let mut m = Map::new();
+        m.insert("reason".into(), self.reason.into());
+        m.insert(
+            "error".into(),
+            self.error.clone().map_or(Value::Null, Value::String),
+        );
+        m.insert(
+            "exception".into(),
+            self.exception.map_or(Value::Null, Value::from),
+        );
+        m.insert("failed_at".into(), now_millis().into());
+        m.insert("original_queue".into(), original_queue.into());
+        m.insert("attempts".into(), self.attempts.into());
+        m.insert("lang".into(), LANG.into());
+        Value::Object(m)
+    }
+}
+
+/// `meta.queue` of a JSON envelope object when it is a non-empty string, else `fallback`.
+pub(crate) fn original_queue<'a>(obj: &'a Map<String, Value>, fallback: &'a str) -> &'a str {
+    obj.get("meta")
+        .and_then(|m| m.get("queue"))
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+        .unwrap_or(fallback)
+}
+
+fn parse_object(body: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn to_bytes(obj: Map<String, Value>) -> Vec<u8> {
+    // A map of parsed JSON values always serializes.
+    serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
+}
+
+/// The body with `attempts` set to `attempts`, every other field untouched. `None` when
+/// the body is not a JSON object (cannot happen for an accepted envelope).
+pub(crate) fn with_attempts(body: &[u8], attempts: u64) -> Option<Vec<u8>> {
+    let mut obj = parse_object(body)?;
+    obj.insert("attempts".into(), attempts.into());
+    Some(to_bytes(obj))
+}
+
+/// An accepted envelope's body, dead-lettered: with `set_attempts`, `attempts` is set to
+/// the block's count; the `dead_letter` block is added (replacing one from an earlier
+/// dead-lettering).
+pub(crate) fn dead_lettered(
+    body: &[u8],
+    consumed_queue: &str,
+    set_attempts: bool,
+    block: &Block<'_>,
+) -> Option<Vec<u8>> {
+    let mut obj = parse_object(body)?;
+    if set_attempts {
+        obj.insert("attempts".into(), block.attempts.into());
+    }
+    let block = block.to_value(original_queue(&obj, consumed_queue));
+    obj.insert("dead_letter".into(), block);
+    Some(to_bytes(obj))
+}
+
+/// The dead-letter body for a poison message (see the [module docs](self)): the object
+/// plus a `dead_letter` block, or a wrapper envelope carrying the original bytes.
+///
+/// ```
+/// use babelqueue_core::runtime::{poison_body, recover_poison};
+/// use babelqueue_core::{DeadLetterReason, Envelope};
+///
+/// let garbage = b"\xff\x00 not json".to_vec();
+/// let err = Envelope::decode(&garbage).unwrap_err();
+/// let dlq = poison_body(&garbage, &err, "orders");
+/// let wrapper = Envelope::decode(&dlq)?;
+/// assert_eq!(wrapper.dead_letter.unwrap().reason, DeadLetterReason::Poison);
+/// assert_eq!(wrapper.data["encoding"], "base64");
+/// assert_eq!(recover_poison(&dlq).unwrap(), garbage);
+/// # Ok::<(), babelqueue_core::DecodeError>(())
+/// ```
+pub fn poison_body(body: &[u8], error: &DecodeError, consumed_queue: &str) -> Vec<u8> {
+    let exception = Some(std::any::type_name::<DecodeError>());
+    if let Some(mut obj) = parse_object(body) {
+        let attempts = obj.get("attempts").and_then(Value::as_u64).unwrap_or(0);
+        let block = Block {
+            reason: "poison",
+            error: Some(error.to_string()),
+            exception,
+            attempts,
+        }
+        .to_value(original_queue(&obj, consumed_queue));
+        obj.insert("dead_letter".into(), block);
+        return to_bytes(obj);
+    }
+    let (encoding, raw) = match std::str::from_utf8(body) {
+        Ok(s) => ("utf8", s.to_owned()),
+        Err(_) => ("base64", base64(body)),
+    };
+    let mut data = Map::new();
+    data.insert("encoding".into(), encoding.into());
+    data.insert("body".into(), raw.into());
+    let wrapper = match Envelope::new(POISON_URN, Value::Object(data)) {
+        Ok(env) => env.with_queue(consumed_queue),
+        // POISON_URN is non-empty and `data` an object: `new` cannot fail.
+        Err(_) => return Vec::new(),
+    };
+    let mut obj = match serde_json::to_value(&wrapper) {
+        Ok(Value::Object(m)) => m,
+        _ => return Vec::new(),
+    };
+    let block = Block {
+        reason: "poison",
+        error: Some(error.to_string()),
+        exception,
+        attempts: 0,
+    }
+    .to_value(consumed_queue);
+    obj.insert("dead_letter".into(), block);
+    to_bytes(obj)
+}
+
+/// The original bytes of a poison wrapper written by [`poison_body`] (`None` when
+/// `dead_lettered` is not such a wrapper). For a poison JSON object the dead-lettered
+/// message is the object itself (plus `dead_letter`), so there is nothing to unwrap.
+pub fn recover_poison(dead_lettered: &[u8]) -> Option<Vec<u8>> {
+    let obj = parse_object(dead_lettered)?;
+    if obj.get("job").and_then(Value::as_str) != Some(POISON_URN) {
+        return None;
+    }
+    let data = obj.get("data")?;
+    let body = data.get("body")?.as_str()?;
+    match data.get("encoding")?.as_str()? {
+        "utf8" => Some(body.as_bytes().to_vec()),
+        "base64" => unbase64(body),
+        _ => None,
+    }
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 (RFC 4648 §4), padded.
+fn base64(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn unbase64(text: &str) -> Option<Vec<u8>> {
+    let text = text.as_bytes();
+    if text.len() % 4 != 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    for chunk in text.chunks(4) {
+        let mut n = 0u32;
+        let mut pad = 0;
+        for &c in chunk {
+            let v = match c {
+                b'=' => {
+                    pad += 1;
+                    0
+                }
+                _ if pad > 0 => return None,
+                _ => ALPHABET.iter().position(|&a| a == c)? as u32,
+            };
+            n = (n << 6) | v;
+        }
+        if pad > 2 {
+            return None;
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_rfc4648_vectors() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), enc);
+            assert_eq!(unbase64(enc).unwrap(), plain.as_bytes());
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(unbase64(&base64(&all)).unwrap(), all);
+        assert!(unbase64("Zg=").is_none());
+        assert!(unbase64("Z=g=").is_none());
+        assert!(unbase64("Z***").is_none());
+    }
+
+    #[test]
+    fn poison_object_keeps_its_fields_and_gains_a_block() {
+        let body = br#"{"job":"urn:x","trace_id":"t","data":{},"meta":{"id":"m","queue":"orders","schema_version":2},"attempts":1,"x_custom":[1]}"#;
+        let err = Envelope::decode(body).unwrap_err();
+        let out: Value = serde_json::from_slice(&poison_body(body, &err, "consumed")).unwrap();
+        assert_eq!(out["x_custom"], serde_json::json!([1]));
+        assert_eq!(out["meta"]["schema_version"], 2);
+        assert_eq!(out["dead_letter"]["reason"], "poison");
+        assert_eq!(out["dead_letter"]["original_queue"], "orders");
+        assert_eq!(out["dead_letter"]["attempts"], 1);
+        assert_eq!(out["dead_letter"]["lang"], "rust");
+        assert!(
+            out["dead_letter"]["error"]
+                .as_str()
+                .unwrap()
+                .contains("schema_version")
+        );
+    }
+
+    #[test]
+    fn poison_non_objects_round_trip_their_bytes() {
+        let big = vec![b'z'; 1 << 20];
+        for body in [
+            &b"not json"[..],
+            b"[1,2,3]",
+            b"42",
+            b"",
+            b"\xc3\x28 invalid utf8",
+            b"\"\\u0000 quote \\\" newline \n\"",
+            &big,
+        ] {
+            let err = Envelope::decode(body).unwrap_err();
+            let dlq = poison_body(body, &err, "q");
+            let env = Envelope::decode(&dlq).expect("the wrapper is an accepted envelope");
+            assert_eq!(env.job, POISON_URN);
+            assert_eq!(env.meta.queue, "q");
+            let dl = env.dead_letter.unwrap();
+            assert_eq!(dl.original_queue, "q");
+            assert_eq!(dl.error.unwrap(), err.to_string());
+            assert_eq!(recover_poison(&dlq).unwrap(), body);
+        }
+    }
+
+    #[test]
+    fn dead_lettered_sets_attempts_and_keeps_order_and_extras() {
+        let body = br#"{"job":"urn:x","trace_id":"t","data":{"b":1,"a":2},"meta":{"id":"m","queue":"","lang":"go","schema_version":1,"created_at":5},"attempts":2,"extra":true}"#;
+        let block = Block {
+            reason: "failed",
+            error: Some("boom".into()),
+            exception: Some("my::Error"),
+            attempts: 3,
+        };
+        let out = dead_lettered(body, "consumed", true, &block).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(r#"{"job":"urn:x","trace_id":"t","data":{"b":1,"a":2},"#));
+        assert!(text.contains(r#""attempts":3,"extra":true,"dead_letter":{"reason":"failed","error":"boom","exception":"my::Error","failed_at":"#));
+        assert!(text.ends_with(r#""original_queue":"consumed","attempts":3,"lang":"rust"}}"#));
+    }
+}
