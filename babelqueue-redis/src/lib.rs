@@ -1,1 +1,28 @@
-//! BabelQueue redis backend.
+//! # babelqueue-redis
+//!
+//! The Redis backend of BabelQueue for Rust: [`RedisStore`], the shared seen-set in the
+//! layout every BabelQueue SDK uses (`bq:idemp:<meta.id>` = `1`), with the in-flight
+//! lease mode on top. See [`store`](crate::RedisStore) for the exact layout and what
+//! other SDKs see.
+//!
+//! ```no_run
+//! use babelqueue_core::{guard_async, Envelope};
+//! use babelqueue_redis::RedisStore;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379/0").await?;
+//! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+//! guard_async(&store, &env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod store;
+
+pub use store::{
+    DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
+};
+
+/// The `redis` client crate this backend is built on (to build a [`redis::Client`] with
+/// custom TLS certificates for [`RedisStore::from_client`], or share a connection).
+pub use redis;

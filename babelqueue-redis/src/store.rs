@@ -1,0 +1,473 @@
+//! [`RedisStore`]: the shared seen-set on Redis, in the layout every BabelQueue SDK uses.
+//!
+//! # Layout (SPEC section 3, shared with the Go, Python, PHP, Java, Node and .NET SDKs)
+//!
+//! | state | key | value | expiry |
+//! | --- | --- | --- | --- |
+//! | completed (remembered) | `<prefix><meta.id>` (default prefix `bq:idemp:`) | `1` | none, or `PX <ttl>` |
+//! | in flight (lease mode, Rust only) | the same key | `lease:<token>` | `PX <lease>` |
+//!
+//! * seen-set mode: `seen` = `EXISTS key`, `remember` = `SET key 1 NX [PX ttl]`,
+//!   `forget` = `DEL key`. A completed id is byte for byte what the Go SDK writes, and a key
+//!   the Go SDK wrote is seen here.
+//! * lease mode: `claim`, `complete` and `release` are Lua scripts ([`redis::Script`], so
+//!   `EVALSHA`), each one round trip and atomic on the server; `complete` and `release`
+//!   only act when the key still holds `lease:<token>` (compare-and-set /
+//!   compare-and-delete). Any value other than `lease:…` counts as completed, so an id
+//!   remembered by another SDK is never claimed again.
+//!
+//! **What another SDK sees while a Rust lease holder processes an id**: the key exists,
+//! so its `seen` (`EXISTS`) is true and it skips (and acks) its copy of the message, for
+//! at most the lease; its `remember` (`SET NX`) is a no-op. When the holder completes, the
+//! value becomes `1` (exactly a Go-remembered id); when it fails, the key is deleted and
+//! every SDK runs the next delivery; when it dies, the key expires with the lease.
+//! The single key keeps every operation atomic on one key (no cross-slot scripts).
+//!
+//! # Round trips per message
+//!
+//! seen-set mode: `EXISTS` + `SET NX` = **2** for a new id, **1** for a duplicate.
+//! lease mode: `EVALSHA claim` + `EVALSHA complete` = **2** for a new id, **1** for a
+//! duplicate (plus, once per script and server, `NOSCRIPT` → `SCRIPT LOAD` → `EVALSHA`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script};
+
+/// The key prefix every BabelQueue SDK uses by default: keys are `bq:idemp:<meta.id>`.
+pub const DEFAULT_PREFIX: &str = "bq:idemp:";
+
+/// The value prefix of an in-flight claim (lease mode): `lease:<token>`.
+pub const LEASE_VALUE_PREFIX: &str = "lease:";
+
+/// Default connection and response timeouts of [`RedisStore::connect`].
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = lease in ms.
+/// Returns 1 = acquired, 2 = in flight, 0 = completed.
+const CLAIM_LUA: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], 'lease:' .. ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if string.sub(v, 1, 6) == 'lease:' then
+  return 2
+end
+return 0
+";
+
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = TTL in ms (0 = no expiry).
+/// Returns 1 when the token held the key and it is now `1`, else 0.
+const COMPLETE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) ~= 'lease:' .. ARGV[1] then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], '1', 'PX', ttl)
+else
+  redis.call('SET', KEYS[1], '1')
+end
+return 1
+";
+
+/// `KEYS[1]` = key, `ARGV[1]` = token. Deletes the key only if the token holds it.
+const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == 'lease:' .. ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// What can go wrong talking to Redis.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisStoreError {
+    /// The URL could not be parsed, the connection failed, or a command failed.
+    #[error("redis store: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script answered something this store never returns (another program wrote
+    /// a script with the same SHA, or the server is not Redis-compatible).
+    #[error("redis store: unexpected reply from the {script} script: {reply}")]
+    UnexpectedReply {
+        /// `claim`, `complete` or `release`.
+        script: &'static str,
+        /// The reply received.
+        reply: i64,
+    },
+}
+
+babelqueue_core::handler_error_from!(RedisStoreError);
+
+/// The shared seen-set on Redis (async; implements [`AsyncStore`] and
+/// [`AsyncLeaseStore`]). Cheap to clone: clones share one multiplexed, auto-reconnecting
+/// connection ([`ConnectionManager`]).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use babelqueue_core::{guard_async, AsyncStore, Envelope};
+/// use babelqueue_redis::RedisStore;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let store = RedisStore::builder("redis://:secret@127.0.0.1:6379/0")
+///     .prefix("payments:bq:idemp:")
+///     .ttl(Duration::from_secs(7 * 24 * 3600))
+///     .connect()
+///     .await?;
+/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+/// guard_async(&store, &env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
+/// assert!(store.seen(env.meta.id.as_str()).await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    ttl: Option<Duration>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisStore`]: prefix, default TTL, timeouts.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), babelqueue_redis::RedisStoreError> {
+/// let store = babelqueue_redis::RedisStore::builder("rediss://:secret@redis.example:6380/0")
+///     .prefix("billing:bq:idemp:")
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    url: String,
+    prefix: String,
+    ttl: Option<Duration>,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl RedisStoreBuilder {
+    /// The key prefix (default [`DEFAULT_PREFIX`], `bq:idemp:`). Use one per app on a
+    /// shared Redis; every SDK of one app must use the same.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long a remembered id stays seen (default: forever). `remember_for` and the
+    /// guard's TTL override it per id.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long one connection attempt may take (default 5 s).
+    #[must_use]
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long one command may wait for its reply before failing (default 5 s), so a
+    /// stuck server surfaces as an error (the message is retried) instead of a hang.
+    #[must_use]
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Parses the URL (`redis://[user][:password@]host[:port][/db]`, or `rediss://` for
+    /// TLS) and connects.
+    pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
+        let client = Client::open(self.url.as_str())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.connection_timeout)
+            .set_response_timeout(self.response_timeout);
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
+        store.ttl = self.ttl;
+        Ok(store)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    // PX takes whole, positive milliseconds: round up so a sub-millisecond duration
+    // still expires rather than failing the command.
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisStore {
+    /// Connects to `url` with the default prefix (`bq:idemp:`) and no TTL.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), babelqueue_redis::RedisStoreError> {
+    /// let store = babelqueue_redis::RedisStore::connect("redis://127.0.0.1:6379/0").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for a store at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ttl: None,
+            connection_timeout: DEFAULT_TIMEOUT,
+            response_timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// A store over an existing [`Client`] (custom TLS certificates, RESP3, …), with
+    /// the default prefix and timeouts.
+    pub async fn from_client(client: Client) -> Result<Self, RedisStoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(DEFAULT_TIMEOUT)
+            .set_response_timeout(DEFAULT_TIMEOUT);
+        Ok(Self::from_manager(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    /// A store sharing an existing [`ConnectionManager`] (e.g. the transport's), with
+    /// the default prefix and no TTL.
+    pub fn from_manager(conn: ConnectionManager) -> Self {
+        RedisStore {
+            conn,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ttl: None,
+        }
+    }
+
+    /// The same store with another key prefix.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The same store with a default TTL for remembered ids (`None`: forever).
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The default TTL of remembered ids.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// The Redis key of `id`: `<prefix><id>`.
+    pub fn key(&self, id: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + id.len());
+        key.push_str(&self.prefix);
+        key.push_str(id);
+        key
+    }
+
+    /// The underlying connection (a cheap clone), for commands of your own.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Remembers `id` (`SET key 1 NX [PX ttl]`, `ttl` `None` = the store default) and
+    /// returns whether this caller added it: `true` for exactly one of any number of
+    /// concurrent callers, `false` if the id was already remembered or in flight.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: babelqueue_redis::RedisStore) -> Result<(), babelqueue_redis::RedisStoreError> {
+    /// if store.claim("f1e2d3c4-b5a6-4789-90ab-cdef01234567", None).await? {
+    ///     // first delivery: this worker processes it
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim(&self, id: &str, ttl: Option<Duration>) -> Result<bool, RedisStoreError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.key(id)).arg("1").arg("NX");
+        if let Some(ttl) = ttl.or(self.ttl) {
+            cmd.arg("PX").arg(millis(ttl));
+        }
+        let reply: Option<String> = cmd.query_async(&mut self.conn.clone()).await?;
+        Ok(reply.is_some())
+    }
+
+    async fn exists(&self, id: &str) -> Result<bool, RedisStoreError> {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(self.key(id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn del(&self, id: &str) -> Result<(), RedisStoreError> {
+        let _: i64 = redis::cmd("DEL")
+            .arg(self.key(id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    async fn lease_claim(&self, id: &str, lease: Duration) -> Result<Claim, RedisStoreError> {
+        let token = LeaseToken::new();
+        let reply: i64 = script(&CLAIM)
+            .key(self.key(id))
+            .arg(token.as_str())
+            .arg(millis(lease))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match reply {
+            1 => Ok(Claim::Acquired(token)),
+            2 => Ok(Claim::InFlight),
+            0 => Ok(Claim::Completed),
+            reply => Err(RedisStoreError::UnexpectedReply {
+                script: "claim",
+                reply,
+            }),
+        }
+    }
+
+    async fn lease_complete(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        ttl: Option<Duration>,
+    ) -> Result<bool, RedisStoreError> {
+        let ttl_ms = ttl.or(self.ttl).map_or(0, millis);
+        let reply: i64 = script(&COMPLETE)
+            .key(self.key(id))
+            .arg(token.as_str())
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        flag(reply, "complete")
+    }
+
+    async fn lease_release(&self, id: &str, token: &LeaseToken) -> Result<bool, RedisStoreError> {
+        let reply: i64 = script(&RELEASE)
+            .key(self.key(id))
+            .arg(token.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        flag(reply, "release")
+    }
+}
+
+fn flag(reply: i64, script: &'static str) -> Result<bool, RedisStoreError> {
+    match reply {
+        0 => Ok(false),
+        1 => Ok(true),
+        reply => Err(RedisStoreError::UnexpectedReply { script, reply }),
+    }
+}
+
+static CLAIM: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(CLAIM_LUA));
+static COMPLETE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(COMPLETE_LUA));
+static RELEASE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(RELEASE_LUA));
+
+fn script(s: &'static Script) -> redis::ScriptInvocation<'static> {
+    s.prepare_invoke()
+}
+
+impl AsyncStore for RedisStore {
+    type Error = RedisStoreError;
+
+    fn seen(&self, id: &str) -> impl Future<Output = Result<bool, RedisStoreError>> + Send {
+        self.exists(id)
+    }
+
+    fn remember(&self, id: &str) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
+        self.remember_for(id, None)
+    }
+
+    fn remember_for(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
+        async move { self.claim(id, ttl).await.map(|_| ()) }
+    }
+
+    fn forget(&self, id: &str) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
+        self.del(id)
+    }
+}
+
+impl AsyncLeaseStore for RedisStore {
+    fn claim(
+        &self,
+        id: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, RedisStoreError>> + Send {
+        self.lease_claim(id, lease)
+    }
+
+    fn complete(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<bool, RedisStoreError>> + Send {
+        self.lease_complete(id, token, ttl)
+    }
+
+    fn release(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<bool, RedisStoreError>> + Send {
+        self.lease_release(id, token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_rounds_up_to_one() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(10)), 1);
+        assert_eq!(millis(Duration::from_secs(30)), 30_000);
+    }
+
+    #[test]
+    fn lease_prefix_matches_the_scripts() {
+        for lua in [CLAIM_LUA, COMPLETE_LUA, RELEASE_LUA] {
+            assert!(lua.contains(&format!("'{LEASE_VALUE_PREFIX}'")));
+        }
+        assert!(CLAIM_LUA.contains(&format!("1, {})", LEASE_VALUE_PREFIX.len())));
+    }
+
+    #[test]
+    fn bad_url_is_an_error_not_a_panic() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = rt
+            .block_on(RedisStore::connect("not a url"))
+            .expect_err("must not connect");
+        assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
+    }
+}
