@@ -336,7 +336,11 @@ impl Transport for RedisTransport {
                 moved += 1;
             }
             if moved > 0 {
-                tracing::info!(queue, moved, "requeued messages stranded in the processing list");
+                tracing::info!(
+                    queue,
+                    moved,
+                    "requeued messages stranded in the processing list"
+                );
             }
             Ok(moved)
         })

@@ -1,0 +1,615 @@
+//! The consume runtime (SPEC section 4) over the in-process transport: no server needed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use babelqueue::runtime::{
+    App, Disposition, Headers, InMemoryTransport, POISON_URN, Report, Transport,
+    UnknownUrnStrategy, recover_poison,
+};
+use babelqueue::{
+    AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, guard_async,
+    guard_lease_async, now_millis,
+};
+use serde_json::{Value, json};
+
+const CHARGE: &str = "urn:babel:payments:charge";
+
+#[derive(Debug, thiserror::Error)]
+#[error("card declined for {0}")]
+struct ChargeDeclined(String);
+
+fn envelope(queue: &str, data: Value) -> Envelope {
+    Envelope::new(CHARGE, data).unwrap().with_queue(queue)
+}
+
+fn explode(what: &str) -> Result<(), ChargeDeclined> {
+    panic!("{what}")
+}
+
+fn json_of(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+#[tokio::test]
+async fn produce_then_consume_delivers_the_payload_and_acks() {
+    let t = InMemoryTransport::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let app = App::new(t.clone()).queue("orders").route_sync(
+        "urn:babel:orders:created",
+        move |env: &Envelope| {
+            s.lock().unwrap().push(env.clone());
+        },
+    );
+    let sent = app
+        .publish(
+            "urn:babel:orders:created",
+            &json!({"order_id": 1042, "note": "Café ☕"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.meta.queue, "orders");
+    let stats = app.drain().await.unwrap();
+    assert_eq!((stats.processed, stats.succeeded, stats.acked), (1, 1, 1));
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(got, vec![sent]);
+    assert_eq!((t.len("orders"), t.processing_len("orders")), (0, 0));
+}
+
+#[tokio::test]
+async fn a_duplicate_is_skipped_and_acked() {
+    let t = InMemoryTransport::new();
+    let store = Arc::new(InMemoryStore::new());
+    let charges = Arc::new(AtomicUsize::new(0));
+    let (st, ch) = (store.clone(), charges.clone());
+    let app = App::new(t.clone())
+        .queue("payments")
+        .route_async(CHARGE, move |env: Envelope| {
+            let (st, ch) = (st.clone(), ch.clone());
+            async move {
+                guard_async(&*st, &env, async {
+                    ch.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), ChargeDeclined>(())
+                })
+                .await
+                .map(drop)
+            }
+        });
+    let bytes = envelope(
+        "payments",
+        json!({"payment_id": "pay_7f3a", "amount": 4200}),
+    )
+    .encode();
+    app.publish_raw(bytes.clone()).await.unwrap();
+    app.publish_raw(bytes).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    assert_eq!((stats.succeeded, stats.skipped, stats.acked), (1, 1, 2));
+    assert_eq!((t.len("payments"), t.processing_len("payments")), (0, 0));
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_then_dead_lettered_with_the_block() {
+    let t = InMemoryTransport::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = App::new(t.clone())
+        .queue("payments")
+        .route_sync(CHARGE, move |env: &Envelope| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(ChargeDeclined(env.data["payment_id"].to_string()))
+        });
+    // Another producer's envelope with an unknown field and a meta.queue of its own.
+    let original = json!({
+        "job": CHARGE, "trace_id": "7b3f9c2a-e41d-4f88-9b2a-1c0d5e6f7a8b",
+        "data": {"payment_id": "pay_1", "amount": 10},
+        "meta": {"id": "f1e2d3c4-b5a6-4789-90ab-cdef01234567", "queue": "billing", "lang": "go",
+                 "schema_version": 1, "created_at": 1749132727000_i64},
+        "attempts": 0, "x_tenant": "acme"
+    });
+    let before = now_millis();
+    app.publish_raw(serde_json::to_vec(&original).unwrap())
+        .await
+        .unwrap();
+    let stats = app.drain().await.unwrap();
+    let after = now_millis();
+
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "max_attempts defaults to 3"
+    );
+    assert_eq!(
+        (
+            stats.failed,
+            stats.retried,
+            stats.dead_lettered,
+            stats.acked
+        ),
+        (3, 2, 1, 3)
+    );
+    assert_eq!((t.len("payments"), t.processing_len("payments")), (0, 0));
+    let dlq = t.messages("payments.dlq");
+    assert_eq!(dlq.len(), 1);
+    let mut dead = json_of(&dlq[0]);
+    let block = dead.as_object_mut().unwrap().remove("dead_letter").unwrap();
+    assert_eq!(block["reason"], "failed");
+    assert_eq!(block["error"], "card declined for \"pay_1\"");
+    assert!(
+        block["exception"]
+            .as_str()
+            .unwrap()
+            .ends_with("ChargeDeclined")
+    );
+    let failed_at = block["failed_at"].as_i64().unwrap();
+    assert!((before..=after).contains(&failed_at));
+    assert_eq!(block["original_queue"], "billing");
+    assert_eq!(block["attempts"], 3);
+    assert_eq!(block["lang"], "rust");
+    // Everything else is the original message (attempts at its final count).
+    let mut expected = original.clone();
+    expected["attempts"] = json!(3);
+    assert_eq!(dead, expected);
+    // And it is still an accepted envelope with a typed block.
+    let env = Envelope::decode(&dlq[0]).unwrap();
+    assert_eq!(env.dead_letter.unwrap().reason, DeadLetterReason::Failed);
+}
+
+#[tokio::test]
+async fn a_handler_failing_once_succeeds_on_the_retry() {
+    let t = InMemoryTransport::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let attempts_seen = Arc::new(Mutex::new(Vec::new()));
+    let (c, a) = (calls.clone(), attempts_seen.clone());
+    let app = App::new(t.clone())
+        .queue("q")
+        .route_sync(CHARGE, move |env: &Envelope| {
+            a.lock().unwrap().push(env.attempts);
+            if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(ChargeDeclined("first".into()))
+            } else {
+                Ok(())
+            }
+        });
+    app.publish(CHARGE, &json!({})).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    assert_eq!(*attempts_seen.lock().unwrap(), vec![0, 1]);
+    assert_eq!(
+        (stats.retried, stats.succeeded, stats.dead_lettered),
+        (1, 1, 0)
+    );
+    assert!(t.messages("q.dlq").is_empty());
+}
+
+#[tokio::test]
+async fn without_dead_lettering_the_last_failure_is_dropped() {
+    let t = InMemoryTransport::new();
+    let app = App::new(t.clone())
+        .queue("q")
+        .max_attempts(2)
+        .dead_letter(false)
+        .route_sync(CHARGE, |_: &Envelope| {
+            Err::<(), _>(ChargeDeclined("x".into()))
+        });
+    app.publish(CHARGE, &json!({})).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        (stats.retried, stats.dropped, stats.dead_lettered),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        (t.len("q"), t.processing_len("q"), t.len("q.dlq")),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn poison_bodies_are_dead_lettered_with_their_bytes_and_the_loop_goes_on() {
+    let t = InMemoryTransport::new();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let app = App::new(t.clone())
+        .queue("q")
+        .dead_letter_queue("poison-box")
+        .route_sync(CHARGE, move |_: &Envelope| {
+            h.fetch_add(1, Ordering::SeqCst);
+        });
+    let garbage: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 7 + 3) as u8).collect();
+    let unknown_version = json!({
+        "job": CHARGE, "trace_id": "t", "data": {},
+        "meta": {"id": "m", "queue": "elsewhere", "lang": "go", "schema_version": 2, "created_at": 0},
+        "attempts": 1
+    });
+    let poison: Vec<Vec<u8>> = vec![
+        b"this is not json".to_vec(),
+        b"[1,2,3]".to_vec(),
+        serde_json::to_vec(&unknown_version).unwrap(),
+        garbage.clone(),
+        b"\xc3\x28".to_vec(),
+    ];
+    app.publish(CHARGE, &json!({"n": 1})).await.unwrap();
+    for p in &poison {
+        app.publish_raw(p.clone()).await.unwrap();
+    }
+    app.publish(CHARGE, &json!({"n": 2})).await.unwrap();
+
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        2,
+        "good messages on both sides ran"
+    );
+    assert_eq!((stats.poison, stats.dead_lettered, stats.acked), (5, 5, 7));
+    assert_eq!((t.len("q"), t.processing_len("q")), (0, 0));
+    let dlq = t.messages("poison-box");
+    assert_eq!(dlq.len(), 5);
+    for (original, dead) in poison.iter().zip(&dlq) {
+        let block = &json_of(dead)["dead_letter"];
+        assert_eq!(block["reason"], "poison");
+        assert_eq!(block["lang"], "rust");
+        assert!(block["error"].as_str().is_some_and(|e| !e.is_empty()));
+        match recover_poison(dead) {
+            // Non-objects travel in a wrapper envelope and come back byte for byte.
+            Some(bytes) => {
+                assert_eq!(&bytes, original);
+                assert_eq!(Envelope::decode(dead).unwrap().job, POISON_URN);
+                assert_eq!(block["original_queue"], "q");
+            }
+            // The object is dead-lettered as is, plus the block.
+            None => {
+                let mut obj = json_of(dead);
+                obj.as_object_mut().unwrap().remove("dead_letter");
+                assert_eq!(obj, unknown_version);
+                assert_eq!(block["original_queue"], "elsewhere");
+                assert_eq!(block["attempts"], 1);
+            }
+        }
+    }
+    let garbage_dead = &dlq[3];
+    assert_eq!(json_of(garbage_dead)["data"]["encoding"], "base64");
+}
+
+#[tokio::test]
+async fn unknown_urn_strategies() {
+    let make = |strategy| {
+        let t = InMemoryTransport::new();
+        let app = App::new(t.clone()).queue("q").unknown_urn(strategy);
+        (t, app)
+    };
+    let unknown = || envelope("q", json!({"k": 1})).encode();
+
+    // fail (default): retried like a failure, then dead-lettered as unknown_urn.
+    let (t, app) = make(UnknownUrnStrategy::Fail);
+    app.publish_raw(unknown()).await.unwrap();
+    let s = app.drain().await.unwrap();
+    assert_eq!((s.retried, s.dead_lettered, s.unknown_urn), (2, 1, 3));
+    let block = json_of(&t.messages("q.dlq")[0])["dead_letter"].clone();
+    assert_eq!(block["reason"], "unknown_urn");
+    assert_eq!(block["attempts"], 3);
+
+    // delete: acked and gone.
+    let (t, app) = make(UnknownUrnStrategy::Delete);
+    app.publish_raw(unknown()).await.unwrap();
+    let s = app.drain().await.unwrap();
+    assert_eq!((s.dropped, s.acked), (1, 1));
+    assert_eq!(
+        (t.len("q"), t.len("q.dlq"), t.processing_len("q")),
+        (0, 0, 0)
+    );
+
+    // release: put back unchanged for another consumer; the drain ends anyway.
+    let (t, app) = make(UnknownUrnStrategy::Release);
+    let bytes = unknown();
+    app.publish_raw(bytes.clone()).await.unwrap();
+    let s = tokio::time::timeout(Duration::from_secs(5), app.drain())
+        .await
+        .expect("a drain over only released messages terminates")
+        .unwrap();
+    assert!(s.released >= 1);
+    assert_eq!(t.messages("q"), vec![bytes]);
+    assert_eq!(t.processing_len("q"), 0);
+
+    // dead_letter: at once, attempts untouched.
+    let (t, app) = make(UnknownUrnStrategy::DeadLetter);
+    app.publish_raw(unknown()).await.unwrap();
+    let s = app.drain().await.unwrap();
+    assert_eq!((s.dead_lettered, s.retried), (1, 0));
+    let dead = json_of(&t.messages("q.dlq")[0]);
+    assert_eq!(dead["attempts"], 0);
+    assert_eq!(dead["dead_letter"]["reason"], "unknown_urn");
+    assert_eq!(dead["dead_letter"]["attempts"], 0);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_failure_not_the_end_of_the_loop() {
+    let t = InMemoryTransport::new();
+    let ok = Arc::new(AtomicUsize::new(0));
+    let o = ok.clone();
+    let app = App::new(t.clone())
+        .queue("q")
+        .concurrency(2)
+        .route_async("urn:babel:test:panics", |_env: Envelope| async {
+            explode("handler bug")
+        })
+        .route_sync("urn:babel:test:sync-panics", |_: &Envelope| {
+            explode("sync bug")
+        })
+        .route_sync("urn:babel:test:ok", move |_: &Envelope| {
+            o.fetch_add(1, Ordering::SeqCst);
+        });
+    app.publish("urn:babel:test:panics", &json!({}))
+        .await
+        .unwrap();
+    app.publish("urn:babel:test:sync-panics", &json!({}))
+        .await
+        .unwrap();
+    app.publish("urn:babel:test:ok", &json!({})).await.unwrap();
+    let s = app.drain().await.unwrap();
+    assert_eq!(ok.load(Ordering::SeqCst), 1);
+    assert_eq!((s.failed, s.dead_lettered), (6, 2));
+    for dead in t.messages("q.dlq") {
+        let block = json_of(&dead)["dead_letter"].clone();
+        assert_eq!(block["exception"], "panic");
+        assert!(block["error"].as_str().unwrap().contains("bug"));
+    }
+}
+
+#[tokio::test]
+async fn concurrency_bounds_the_messages_in_flight() {
+    for n in [1usize, 4] {
+        let t = InMemoryTransport::new();
+        let now = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let (nw, pk) = (now.clone(), peak.clone());
+        let app = App::new(t.clone()).queue("q").concurrency(n).route_async(
+            CHARGE,
+            move |_env: Envelope| {
+                let (nw, pk) = (nw.clone(), pk.clone());
+                async move {
+                    let cur = nw.fetch_add(1, Ordering::SeqCst) + 1;
+                    pk.fetch_max(cur, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    nw.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<(), ChargeDeclined>(())
+                }
+            },
+        );
+        for i in 0..12 {
+            app.publish(CHARGE, &json!({"i": i})).await.unwrap();
+        }
+        let s = app.drain().await.unwrap();
+        assert_eq!(s.succeeded, 12);
+        assert_eq!(peak.load(Ordering::SeqCst), n, "concurrency({n})");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_mid_burst_loses_nothing() {
+    let t = InMemoryTransport::new();
+    let handled = Arc::new(Mutex::new(Vec::<String>::new()));
+    let h = handled.clone();
+    let app = App::new(t.clone())
+        .queue("burst")
+        .concurrency(4)
+        .poll_timeout(Duration::from_millis(20))
+        .route_async(CHARGE, move |env: Envelope| {
+            let h = h.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                h.lock().unwrap().push(env.meta.id.clone());
+                Ok::<(), ChargeDeclined>(())
+            }
+        });
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.push(app.publish(CHARGE, &json!({"i": i})).await.unwrap().meta.id);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn({
+        let app = app.clone();
+        async move {
+            app.run_until(async {
+                let _ = rx.await;
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    tx.send(()).unwrap();
+    let stats = worker.await.unwrap();
+
+    let handled = handled.lock().unwrap().clone();
+    assert!(
+        !handled.is_empty() && handled.len() < 300,
+        "stopped mid-burst: {}",
+        handled.len()
+    );
+    assert_eq!(
+        stats.acked as usize,
+        handled.len(),
+        "every handled message was acked"
+    );
+    assert_eq!(
+        t.processing_len("burst"),
+        0,
+        "in-flight messages were finished and acked"
+    );
+    let left: Vec<String> = t
+        .messages("burst")
+        .iter()
+        .map(|b| Envelope::decode(b).unwrap().meta.id)
+        .collect();
+    assert_eq!(handled.len() + left.len(), 300);
+    let mut all: Vec<String> = handled.iter().chain(&left).cloned().collect();
+    all.sort();
+    ids.sort();
+    assert_eq!(
+        all, ids,
+        "each message is either handled once or still queued"
+    );
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LeasedError {
+    #[error(transparent)]
+    Busy(#[from] InFlight),
+}
+
+#[tokio::test]
+async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
+    let t = InMemoryTransport::new();
+    let store = Arc::new(InMemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (st, r) = (store.clone(), runs.clone());
+    let app = App::new(t.clone())
+        .queue("q")
+        .in_flight_delay(Duration::from_millis(5))
+        .route_async(CHARGE, move |env: Envelope| {
+            let (st, r) = (st.clone(), r.clone());
+            async move {
+                guard_lease_async(&*st, &env, Duration::from_secs(30), None, async {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), LeasedError>(())
+                })
+                .await
+                .map(drop)
+            }
+        });
+    let env = envelope("q", json!({"payment_id": "pay_1"}));
+    let bytes = env.encode();
+    // Another worker holds the id.
+    let babelqueue::Claim::Acquired(token) =
+        AsyncLeaseStore::claim(&*store, &env.meta.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    else {
+        panic!("fresh id must be claimable")
+    };
+    app.publish_raw(bytes.clone()).await.unwrap();
+    let s = app.drain().await.unwrap();
+    assert!(s.deferred >= 1);
+    assert_eq!((s.failed, s.retried, s.dead_lettered), (0, 0, 0));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        t.messages("q"),
+        vec![bytes],
+        "put back unchanged (attempts not counted)"
+    );
+
+    // The other worker completes: the next delivery is a skip.
+    assert!(
+        AsyncLeaseStore::complete(&*store, &env.meta.id, &token, None)
+            .await
+            .unwrap()
+    );
+    let s = app.drain().await.unwrap();
+    assert_eq!((s.skipped, s.acked), (1, 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!((t.len("q"), t.processing_len("q")), (0, 0));
+}
+
+#[tokio::test]
+async fn header_frames_are_read_and_kept_on_retry_and_dead_letter() {
+    let t = InMemoryTransport::new();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    let app =
+        App::new(t.clone())
+            .queue("q")
+            .max_attempts(2)
+            .route_sync(CHARGE, move |env: &Envelope| {
+                g.lock().unwrap().push(env.clone());
+                Err::<(), _>(ChargeDeclined("x".into()))
+            });
+    let env = envelope("q", json!({"n": 1}));
+    let mut headers = Headers::new();
+    headers.insert(
+        "traceparent".into(),
+        json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    );
+    t.publish_with_headers("q", &env.encode(), Some(&headers))
+        .await
+        .unwrap();
+    let element = t.messages("q").remove(0);
+    assert_eq!(json_of(&element)["__bq_frame"], 1);
+
+    let s = app.drain().await.unwrap();
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0], env, "the frame's body is the envelope");
+    assert_eq!(got[1].attempts, 1, "the retry was republished in its frame");
+    assert_eq!((s.retried, s.dead_lettered), (1, 1));
+    let dead = t.messages("q.dlq");
+    let frame = json_of(&dead[0]);
+    assert_eq!(frame["__bq_frame"], 1);
+    assert_eq!(frame["headers"], Value::Object(headers));
+    let body = json_of(frame["body"].as_str().unwrap().as_bytes());
+    assert_eq!(body["attempts"], 2);
+    assert_eq!(body["dead_letter"]["reason"], "failed");
+    assert_eq!(body["meta"]["id"], env.meta.id.as_str());
+}
+
+#[tokio::test]
+async fn stranded_messages_are_requeued_and_handled() {
+    let t = InMemoryTransport::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let app = App::new(t.clone())
+        .queue("q")
+        .route_sync(CHARGE, move |_: &Envelope| {
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+    app.publish(CHARGE, &json!({})).await.unwrap();
+    // A worker reserves it and dies before acking.
+    let _lost = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(app.drain().await.unwrap().processed, 0);
+    assert_eq!(app.requeue_processing().await.unwrap(), 1);
+    assert_eq!(app.drain().await.unwrap().succeeded, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!((t.len("q"), t.processing_len("q")), (0, 0));
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_delivery() {
+    let t = InMemoryTransport::new();
+    let reports = Arc::new(Mutex::new(Vec::<Report>::new()));
+    let r = reports.clone();
+    let store = Arc::new(InMemoryStore::new());
+    let st = store.clone();
+    let app = App::new(t.clone())
+        .queue("q")
+        .on_delivery(move |rep| r.lock().unwrap().push(rep.clone()))
+        .route_async(CHARGE, move |env: Envelope| {
+            let st = st.clone();
+            async move {
+                guard_async(&*st, &env, async { Ok::<(), ChargeDeclined>(()) })
+                    .await
+                    .map(drop)
+            }
+        });
+    let bytes = envelope("q", json!({"payment_id": "pay_7f3a"})).encode();
+    app.publish_raw(bytes.clone()).await.unwrap();
+    app.publish_raw(bytes).await.unwrap();
+    app.publish_raw(b"nope".to_vec()).await.unwrap();
+    app.drain().await.unwrap();
+    let reports = reports.lock().unwrap();
+    let kinds: Vec<_> = reports.iter().map(|r| r.disposition.clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Disposition::Succeeded,
+            Disposition::Skipped,
+            Disposition::DeadLettered {
+                reason: DeadLetterReason::Poison
+            }
+        ]
+    );
+    assert_eq!(
+        reports[1].envelope.as_ref().unwrap().data["payment_id"],
+        "pay_7f3a"
+    );
+    assert!(reports[2].envelope.is_none());
+    assert!(reports.iter().all(|r| r.acked));
+}
