@@ -18,10 +18,12 @@
 #![warn(missing_docs)]
 
 mod store;
+mod transport;
 
 pub use store::{
     DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
 };
+pub use transport::{RedisTransport, processing_list};
 
 /// The `redis` client crate this backend is built on (to build a [`redis::Client`] with
 /// custom TLS certificates for [`RedisStore::from_client`], or share a connection).
