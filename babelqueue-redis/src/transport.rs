@@ -76,7 +76,7 @@ impl Slot {
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(|e| TransportError::connection(e))?;
+            .map_err(TransportError::connection)?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::debug!(generation, "redis transport connected");
         *guard = Some((generation, conn.clone()));

@@ -1,28 +1,7 @@
 //! Building retried and dead-lettered bodies at the JSON level, so every field of the
 //! original message (known or not) survives, and the poison representation.
 //!
-//! # Poison messages
-//!
-//! A body that is a JSON **object** but not an accepted envelope (unknown
-//! `schema_version`, no URN, …) is dead-lettered as is, plus the `dead_letter` block.
-//!
-//! Any other body (not JSON, invalid UTF-8, a JSON array or scalar, empty) cannot carry a
-//! `dead_letter` block, so it is wrapped in an accepted envelope whose `data` holds the
-//! original bytes:
-//!
-//! ```json
-//! {"job":"urn:babel:poison","trace_id":"<new uuid>",
-//!  "data":{"encoding":"utf8","body":"<the original body>"},
-//!  "meta":{"id":"<new uuid>","queue":"<consumed queue>","lang":"rust","schema_version":1,"created_at":<now ms>},
-//!  "attempts":0,
-//!  "dead_letter":{"reason":"poison","error":"<decode error>","exception":"babelqueue_core::envelope::DecodeError",
-//!                 "failed_at":<now ms>,"original_queue":"<consumed queue>","attempts":0,"lang":"rust"}}
-//! ```
-//!
-//! `data.encoding` is `utf8` when the body is valid UTF-8 (`data.body` is then the body
-//! itself, as a JSON string, which round-trips every character exactly) and `base64`
-//! (standard alphabet, padded) otherwise. Either way the original bytes are recoverable
-//! exactly: see [`poison_body`].
+//! The poison representation is described on [`poison_body`].
 
 use serde_json::{Map, Value};
 
@@ -106,8 +85,29 @@ pub(crate) fn dead_lettered(
     Some(to_bytes(obj))
 }
 
-/// The dead-letter body for a poison message (see the [module docs](self)): the object
-/// plus a `dead_letter` block, or a wrapper envelope carrying the original bytes.
+/// The dead-letter body for a poison message: the object plus a `dead_letter` block, or
+/// a wrapper envelope carrying the original bytes.
+///
+/// A body that is a JSON **object** but not an accepted envelope (unknown
+/// `schema_version`, no URN, …) is dead-lettered as is, plus the `dead_letter` block.
+///
+/// Any other body (not JSON, invalid UTF-8, a JSON array or scalar, empty) cannot carry a
+/// `dead_letter` block, so it is wrapped in an accepted envelope whose `data` holds the
+/// original bytes:
+///
+/// ```json
+/// {"job":"urn:babel:poison","trace_id":"<new uuid>",
+///  "data":{"encoding":"utf8","body":"<the original body>"},
+///  "meta":{"id":"<new uuid>","queue":"<consumed queue>","lang":"rust","schema_version":1,"created_at":<now ms>},
+///  "attempts":0,
+///  "dead_letter":{"reason":"poison","error":"<decode error>","exception":"babelqueue_core::envelope::DecodeError",
+///                 "failed_at":<now ms>,"original_queue":"<consumed queue>","attempts":0,"lang":"rust"}}
+/// ```
+///
+/// `data.encoding` is `utf8` when the body is valid UTF-8 (`data.body` is then the body
+/// itself, as a JSON string, which round-trips every character exactly) and `base64`
+/// (standard alphabet, padded) otherwise. Either way the original bytes are recoverable
+/// exactly with [`recover_poison`].
 ///
 /// ```
 /// use babelqueue_core::runtime::{poison_body, recover_poison};
@@ -205,7 +205,7 @@ fn base64(bytes: &[u8]) -> String {
 
 fn unbase64(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(text.len() / 4 * 3);
