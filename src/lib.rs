@@ -9,3 +9,17 @@
 #![warn(missing_docs)]
 
 pub use babelqueue_core::*;
+
+/// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).
+#[cfg(feature = "redis")]
+pub use babelqueue_redis as redis;
+
+/// The PostgreSQL backend: [`PostgresStore`](babelqueue_postgres::PostgresStore)
+/// (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use babelqueue_postgres as postgres;
+
+/// The embedded SQLite backend: [`SqliteStore`](babelqueue_sqlite::SqliteStore)
+/// (feature `sqlite`).
+#[cfg(feature = "sqlite")]
+pub use babelqueue_sqlite as sqlite;

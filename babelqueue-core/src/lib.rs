@@ -36,6 +36,8 @@ mod macro_support;
 pub mod memory;
 pub mod runtime;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use dyn_store::{DynStore, DynStoreError};
 pub use envelope::{

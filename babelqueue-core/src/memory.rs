@@ -203,11 +203,16 @@ struct Shard {
     index: HashTable<u64>,
     /// In-flight claims of lease mode: key → (token, lease deadline).
     inflight: HashMap<Box<str>, (LeaseToken, u64)>,
+    /// `inflight` size at which expired claims (holders that died or finished too
+    /// late) are swept, so abandoned claims do not accumulate.
+    sweep_inflight_at: usize,
 }
 
 impl Shard {
     fn find(&self, hash: u64, key: KeyRef<'_>) -> Option<u64> {
-        let Shard { ring, base, index, .. } = self;
+        let Shard {
+            ring, base, index, ..
+        } = self;
         index
             .find(hash, |&seq| ring[(seq - base) as usize].key.as_ref() == key)
             .copied()
@@ -255,7 +260,9 @@ impl Shard {
             key: key.to_owned(),
             expires,
         });
-        let Shard { ring, base, index, .. } = self;
+        let Shard {
+            ring, base, index, ..
+        } = self;
         index.insert_unique(hash, seq, |&s| {
             ring[(s - *base) as usize].key.as_ref().hash_with(hasher)
         });
@@ -379,11 +386,16 @@ impl InMemoryStore {
         )
     }
 
+    /// Whether `id` is remembered, or held by an unexpired lease (as on the shared
+    /// stores, where an in-flight id is seen by every reader until it is released or
+    /// its lease ends).
     fn is_seen(&self, id: &str) -> bool {
         let key = KeyRef::parse(id);
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
-        self.shard(hash).seen(hash, key, now)
+        let mut shard = self.shard(hash);
+        shard.seen(hash, key, now)
+            || (!shard.inflight.is_empty() && shard.inflight.get(id).is_some_and(|(_, d)| now < *d))
     }
 
     fn remove(&self, id: &str) {
@@ -406,6 +418,10 @@ impl InMemoryStore {
             && now < *deadline
         {
             return Claim::InFlight;
+        }
+        if shard.inflight.len() >= shard.sweep_inflight_at {
+            shard.inflight.retain(|_, (_, d)| now < *d);
+            shard.sweep_inflight_at = (shard.inflight.len() * 2).max(64);
         }
         let token = LeaseToken::new();
         let deadline = self.deadline(now, Some(lease));
@@ -607,20 +623,50 @@ mod tests {
     }
 
     #[test]
+    fn held_ids_are_seen_and_abandoned_claims_are_swept() {
+        let s = InMemoryStore::builder().shards(1).build();
+        let Claim::Acquired(t) = s.try_claim("held", Duration::from_secs(30)) else {
+            panic!("first claim must win")
+        };
+        assert!(s.is_seen("held"), "an in-flight id is seen");
+        assert!(s.finish("held", &t, None));
+        assert!(!s.is_seen("held"), "a released id is not seen");
+        // 1000 holders that never finish, in batches whose leases lapse in between.
+        for i in 0..1000 {
+            if i % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            assert!(matches!(
+                s.try_claim(&format!("dead-{i}"), Duration::from_millis(1)),
+                Claim::Acquired(_)
+            ));
+        }
+        assert!(!s.is_seen("dead-0"), "an expired claim is not seen");
+        let left = lock(&s.shards[0]).inflight.len();
+        assert!(left <= 128, "abandoned claims were not swept: {left} left");
+    }
+
+    #[test]
     fn lease_claims() {
         let s = InMemoryStore::new();
         let Claim::Acquired(t) = s.try_claim("x", Duration::from_secs(30)) else {
             panic!("first claim must win")
         };
         assert_eq!(s.try_claim("x", Duration::from_secs(30)), Claim::InFlight);
-        assert!(!s.finish("x", &LeaseToken::new(), Some(None)), "stranger completed");
+        assert!(
+            !s.finish("x", &LeaseToken::new(), Some(None)),
+            "stranger completed"
+        );
         assert!(s.finish("x", &t, Some(None)));
         assert_eq!(s.try_claim("x", Duration::from_secs(30)), Claim::Completed);
         let Claim::Acquired(t2) = s.try_claim("y", Duration::from_millis(10)) else {
             panic!()
         };
         std::thread::sleep(Duration::from_millis(20));
-        assert!(matches!(s.try_claim("y", Duration::from_secs(1)), Claim::Acquired(_)));
+        assert!(matches!(
+            s.try_claim("y", Duration::from_secs(1)),
+            Claim::Acquired(_)
+        ));
         assert!(!s.finish("y", &t2, None), "expired holder released");
     }
 }

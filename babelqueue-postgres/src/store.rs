@@ -449,16 +449,12 @@ impl AsyncStore for PostgresStore {
         self.remember_for(id, None)
     }
 
-    fn remember_for(
-        &self,
-        id: &str,
-        ttl: Option<Duration>,
-    ) -> impl Future<Output = Result<(), PostgresStoreError>> + Send {
-        async move { self.claim(id, ttl).await.map(|_| ()) }
+    async fn remember_for(&self, id: &str, ttl: Option<Duration>) -> Result<(), PostgresStoreError> {
+        self.claim(id, ttl).await.map(|_| ())
     }
 
-    fn forget(&self, id: &str) -> impl Future<Output = Result<(), PostgresStoreError>> + Send {
-        async move { self.execute(&self.sql.forget, &[&id]).await.map(|_| ()) }
+    async fn forget(&self, id: &str) -> Result<(), PostgresStoreError> {
+        self.execute(&self.sql.forget, &[&id]).await.map(|_| ())
     }
 }
 

@@ -44,6 +44,8 @@ pub const LEASE_VALUE_PREFIX: &str = "lease:";
 
 /// Default connection and response timeouts of [`RedisStore::connect`].
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default connection retries of [`RedisStore::connect`].
+const DEFAULT_RETRIES: usize = 2;
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = lease in ms.
 /// Returns 1 = acquired, 2 = in flight, 0 = completed.
@@ -155,6 +157,7 @@ pub struct RedisStoreBuilder {
     ttl: Option<Duration>,
     connection_timeout: Duration,
     response_timeout: Duration,
+    retries: usize,
 }
 
 impl RedisStoreBuilder {
@@ -189,18 +192,42 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How many times a failed connection attempt is retried, about 1 s apart
+    /// (default 2), on the first connect and on every reconnect. A store that cannot
+    /// reach Redis fails fast: the guard returns the error and the message is retried
+    /// later, rather than a worker hanging in a long backoff.
+    #[must_use]
+    pub fn retries(mut self, retries: usize) -> Self {
+        self.retries = retries;
+        self
+    }
+
     /// Parses the URL (`redis://[user][:password@]host[:port][/db]`, or `rediss://` for
     /// TLS) and connects.
     pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
         let client = Client::open(self.url.as_str())?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.connection_timeout)
-            .set_response_timeout(self.response_timeout);
+        let config = manager_config(self.connection_timeout, self.response_timeout, self.retries);
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
         store.ttl = self.ttl;
         Ok(store)
     }
+}
+
+/// The connection manager's retries: about 1 s apart (with jitter). (The redis crate's
+/// default multiplies a 1 s delay by 100 per attempt, capped at a minute, six times:
+/// minutes before an unreachable server is reported.)
+fn manager_config(
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    retries: usize,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(connection_timeout)
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(retries)
+        .set_factor(2)
+        .set_max_delay(1000)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -229,15 +256,14 @@ impl RedisStore {
             ttl: None,
             connection_timeout: DEFAULT_TIMEOUT,
             response_timeout: DEFAULT_TIMEOUT,
+            retries: DEFAULT_RETRIES,
         }
     }
 
     /// A store over an existing [`Client`] (custom TLS certificates, RESP3, …), with
     /// the default prefix and timeouts.
     pub async fn from_client(client: Client) -> Result<Self, RedisStoreError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(DEFAULT_TIMEOUT)
-            .set_response_timeout(DEFAULT_TIMEOUT);
+        let config = manager_config(DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, DEFAULT_RETRIES);
         Ok(Self::from_manager(
             ConnectionManager::new_with_config(client, config).await?,
         ))
@@ -400,12 +426,8 @@ impl AsyncStore for RedisStore {
         self.remember_for(id, None)
     }
 
-    fn remember_for(
-        &self,
-        id: &str,
-        ttl: Option<Duration>,
-    ) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
-        async move { self.claim(id, ttl).await.map(|_| ()) }
+    async fn remember_for(&self, id: &str, ttl: Option<Duration>) -> Result<(), RedisStoreError> {
+        self.claim(id, ttl).await.map(|_| ())
     }
 
     fn forget(&self, id: &str) -> impl Future<Output = Result<(), RedisStoreError>> + Send {

@@ -82,6 +82,9 @@ pub enum SqliteStoreError {
 
 babelqueue_core::handler_error_from!(SqliteStoreError);
 
+/// The `rusqlite` crate this backend is built on (to inspect the file yourself).
+pub use rusqlite;
+
 fn validate_table(name: &str) -> Result<String, SqliteStoreError> {
     let bad = |reason| SqliteStoreError::InvalidTableName {
         name: name.to_owned(),

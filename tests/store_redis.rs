@@ -1,0 +1,369 @@
+//! The generic store suite against the Redis store, over a real Redis, plus the
+//! cross-SDK layout checks with a raw client (what the Go SDK writes and reads).
+//!
+//! Every test needs Redis (`BABELQUEUE_REDIS_URL`, default `redis://127.0.0.1:6379/0`)
+//! and fails when it is unreachable; they are ignored by default and CI runs them with
+//! `--include-ignored`.
+
+use std::time::Duration;
+
+use babelqueue::redis::redis::{self, AsyncCommands};
+use babelqueue::redis::{RedisStore, RedisStoreError};
+use babelqueue::testing::{StoreFactory, StoreSpec};
+use babelqueue::{AsyncLeaseStore, AsyncStore, Claim, InFlight, Outcome, guard_lease_async};
+
+fn url() -> String {
+    std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url())
+        .expect("Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis must be reachable at BABELQUEUE_REDIS_URL (default 127.0.0.1:6379)")
+}
+
+fn prefix(spec: &StoreSpec) -> String {
+    format!("{}:bq:idemp:", spec.namespace)
+}
+
+/// A store whose prefix is `<namespace>:bq:idemp:`.
+struct Redis;
+
+impl StoreFactory for Redis {
+    type Store = RedisStore;
+
+    async fn create(&self, spec: &StoreSpec) -> RedisStore {
+        let mut b = RedisStore::builder(url()).prefix(prefix(spec));
+        if let Some(ttl) = spec.ttl {
+            b = b.ttl(ttl);
+        }
+        b.connect()
+            .await
+            .expect("Redis must be reachable at BABELQUEUE_REDIS_URL (default 127.0.0.1:6379)")
+    }
+
+    fn claim_once<'a>(
+        &'a self,
+        store: &'a RedisStore,
+        id: &'a str,
+    ) -> Option<babelqueue::BoxFuture<'a, bool>> {
+        Some(Box::pin(async move {
+            store.claim(id, None).await.expect("SET NX")
+        }))
+    }
+
+    async fn cleanup(&self, spec: &StoreSpec) {
+        delete_matching(&format!("{}:*", spec.namespace)).await;
+    }
+}
+
+async fn delete_matching(pattern: &str) {
+    let mut conn = raw().await;
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        if !keys.is_empty() {
+            let _: i64 = conn.del(keys).await.expect("DEL");
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+}
+
+babelqueue::store_suite! {
+    #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+    mod redis_suite = Redis;
+    kinds = [async_store, async_lease];
+}
+
+#[test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+fn lease_across_two_processes() {
+    babelqueue::testing::lease_across_processes(Redis, "lease_across_two_processes");
+}
+
+fn unique_id() -> String {
+    format!("rs-layout-{}", uuid::Uuid::new_v4())
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn remember_writes_exactly_the_spec_key_and_value() -> Result<(), RedisStoreError> {
+    // The default prefix, as every SDK uses it; unique ids keep parallel runs apart.
+    let store = RedisStore::connect(&url()).await?;
+    let mut conn = raw().await;
+    let (plain, with_ttl) = (unique_id(), unique_id());
+
+    store.remember(&plain).await?;
+    let key = format!("bq:idemp:{plain}");
+    assert_eq!(store.key(&plain), key);
+    let value: Option<String> = conn.get(&key).await?;
+    assert_eq!(value.as_deref(), Some("1"), "value is exactly 1");
+    let pttl: i64 = conn.pttl(&key).await?;
+    assert_eq!(pttl, -1, "no TTL: the key never expires");
+
+    store
+        .remember_for(&with_ttl, Some(Duration::from_secs(60)))
+        .await?;
+    let key2 = format!("bq:idemp:{with_ttl}");
+    let value: Option<String> = conn.get(&key2).await?;
+    assert_eq!(value.as_deref(), Some("1"));
+    let pttl: i64 = conn.pttl(&key2).await?;
+    assert!(
+        (55_000..=60_000).contains(&pttl),
+        "PX 60000 set with the value: PTTL {pttl}"
+    );
+
+    // remember is SET NX: a second remember neither rewrites the value nor the TTL.
+    let _: () = conn.set(&key, "written-by-someone-else").await?;
+    store.remember(&plain).await?;
+    let value: Option<String> = conn.get(&key).await?;
+    assert_eq!(value.as_deref(), Some("written-by-someone-else"));
+
+    store.forget(&plain).await?;
+    let exists: i64 = conn.exists(&key).await?;
+    assert_eq!(exists, 0, "forget is DEL");
+    let _: i64 = conn.del(&key2).await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn a_key_written_the_go_way_is_seen_and_never_claimed() -> Result<(), RedisStoreError> {
+    let store = RedisStore::connect(&url()).await?;
+    let mut conn = raw().await;
+    let id = unique_id();
+    let key = format!("bq:idemp:{id}");
+    // What the Go SDK's Remember sends.
+    let reply: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("1")
+        .arg("NX")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(reply.as_deref(), Some("OK"));
+
+    assert!(store.seen(&id).await?, "a Go-remembered id is seen");
+    assert!(!store.claim(&id, None).await?, "and never claimed again");
+    assert_eq!(
+        AsyncLeaseStore::claim(&store, &id, Duration::from_secs(30)).await?,
+        Claim::Completed,
+        "lease mode treats it as completed"
+    );
+    let mut ran = false;
+    let out = guard_lease_async(&store, id.as_str(), Duration::from_secs(30), None, async {
+        ran = true;
+        Ok::<(), babelqueue::BoxError>(())
+    })
+    .await
+    .map_err(|e| e.to_string());
+    assert_eq!(out, Ok(Outcome::Skipped));
+    assert!(!ran, "a Go-remembered id must not run");
+    store.forget(&id).await?;
+    let exists: i64 = conn.exists(&key).await?;
+    assert_eq!(exists, 0);
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn lease_states_as_another_sdk_sees_them() -> Result<(), RedisStoreError> {
+    let store = RedisStore::connect(&url()).await?;
+    let mut conn = raw().await;
+    let id = unique_id();
+    let key = format!("bq:idemp:{id}");
+
+    let Claim::Acquired(token) =
+        AsyncLeaseStore::claim(&store, &id, Duration::from_secs(30)).await?
+    else {
+        panic!("a fresh id must be acquired")
+    };
+    // In flight: value lease:<token>, expiring with the lease.
+    let value: Option<String> = conn.get(&key).await?;
+    assert_eq!(value, Some(format!("lease:{token}")));
+    let pttl: i64 = conn.pttl(&key).await?;
+    assert!(
+        (25_000..=30_000).contains(&pttl),
+        "the claim expires with its lease: {pttl}"
+    );
+    // A Go consumer meanwhile: EXISTS says seen (it skips its copy); its SET NX is a no-op.
+    let exists: i64 = conn.exists(&key).await?;
+    assert_eq!(exists, 1);
+    let go_remember: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("1")
+        .arg("NX")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(
+        go_remember, None,
+        "a Go SET NX cannot overwrite a held claim"
+    );
+
+    // Completed with a TTL: exactly what the Go SDK writes with PX.
+    assert!(
+        store
+            .complete(&id, &token, Some(Duration::from_secs(60)))
+            .await?
+    );
+    let value: Option<String> = conn.get(&key).await?;
+    assert_eq!(value.as_deref(), Some("1"));
+    let pttl: i64 = conn.pttl(&key).await?;
+    assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
+
+    // Completed without a TTL: persistent, like SET key 1 NX.
+    let id2 = unique_id();
+    let key2 = format!("bq:idemp:{id2}");
+    let Claim::Acquired(t2) = AsyncLeaseStore::claim(&store, &id2, Duration::from_secs(30)).await?
+    else {
+        panic!("a fresh id must be acquired")
+    };
+    assert!(store.complete(&id2, &t2, None).await?);
+    let pttl: i64 = conn.pttl(&key2).await?;
+    assert_eq!(pttl, -1);
+
+    // Released: the key is gone, every SDK runs the next delivery.
+    let id3 = unique_id();
+    let key3 = format!("bq:idemp:{id3}");
+    let Claim::Acquired(t3) = AsyncLeaseStore::claim(&store, &id3, Duration::from_secs(30)).await?
+    else {
+        panic!("a fresh id must be acquired")
+    };
+    assert!(store.release(&id3, &t3).await?);
+    let exists: i64 = conn.exists(&key3).await?;
+    assert_eq!(exists, 0);
+
+    let _: i64 = conn.del(&[key, key2]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn in_flight_is_a_typed_error_and_the_holder_is_not_disturbed() -> Result<(), RedisStoreError>
+{
+    let store = RedisStore::builder(url())
+        .prefix(format!("{}:bq:idemp:", StoreSpec::fresh().namespace))
+        .connect()
+        .await?;
+    let Claim::Acquired(token) =
+        AsyncLeaseStore::claim(&store, "busy", Duration::from_secs(30)).await?
+    else {
+        panic!("a fresh id must be acquired")
+    };
+    #[derive(Debug)]
+    enum HandlerError {
+        Busy(InFlight),
+        #[allow(dead_code)]
+        Store(RedisStoreError),
+    }
+    impl From<InFlight> for HandlerError {
+        fn from(e: InFlight) -> Self {
+            HandlerError::Busy(e)
+        }
+    }
+    impl From<RedisStoreError> for HandlerError {
+        fn from(e: RedisStoreError) -> Self {
+            HandlerError::Store(e)
+        }
+    }
+    let mut ran = false;
+    let out = guard_lease_async(&store, "busy", Duration::from_secs(30), None, async {
+        ran = true;
+        Ok::<(), HandlerError>(())
+    })
+    .await;
+    assert!(!ran, "an in-flight id must not run");
+    match out {
+        Err(HandlerError::Busy(InFlight { id })) => assert_eq!(id, "busy"),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert!(
+        store.complete("busy", &token, None).await?,
+        "the holder still completes"
+    );
+    store.forget("busy").await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn password_urls_authenticate() -> Result<(), RedisStoreError> {
+    // A throwaway ACL user, so the shared server's default user is left alone.
+    let mut admin = raw().await;
+    let user = format!("bq_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let password = "s3cret-pässword";
+    let ns = StoreSpec::fresh().namespace;
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg(format!("~{ns}:*"))
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await?;
+
+    let base = url();
+    let host = base
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.rsplit_once('@').map(|(_, h)| h).or(Some(rest)))
+        .unwrap_or("127.0.0.1:6379/0")
+        .to_owned();
+    let good = format!("redis://{user}:s3cret-p%C3%A4ssword@{host}");
+    let good_result = async {
+        let store = RedisStore::builder(&good)
+            .prefix(format!("{ns}:bq:idemp:"))
+            .connect()
+            .await?;
+        store.remember("authed").await?;
+        let seen = store.seen("authed").await?;
+        store.forget("authed").await?;
+        Ok::<bool, RedisStoreError>(seen)
+    }
+    .await;
+    let bad = RedisStore::builder(format!("redis://{user}:wrong@{host}"))
+        .prefix(format!("{ns}:bq:idemp:"))
+        .retries(0)
+        .connect()
+        .await;
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async(&mut admin)
+        .await?;
+
+    // (Deleting the user closed its connections; everything was checked before.)
+    assert!(
+        good_result?,
+        "remembered through the authenticated connection"
+    );
+    let err = bad.expect_err("a wrong password must not connect");
+    assert!(
+        err.to_string().to_lowercase().contains("auth")
+            || err.to_string().to_lowercase().contains("password"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_an_error() {
+    let err = RedisStore::builder("redis://127.0.0.1:1/0")
+        .retries(1)
+        .connect()
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
+}
