@@ -12,6 +12,8 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::guard::{
@@ -22,6 +24,26 @@ use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
 
+/// The kind of a handler return type, with its error type.
+pub trait ReturnKind {
+    /// The handler's error type.
+    type Error;
+}
+
+/// A handler returning `()`.
+pub enum UnitKind {}
+
+impl ReturnKind for UnitKind {
+    type Error = Infallible;
+}
+
+/// A handler returning `Result<(), E>`.
+pub struct ResultKind<E>(PhantomData<E>);
+
+impl<E> ReturnKind for ResultKind<E> {
+    type Error = E;
+}
+
 /// A return type an idempotent handler may have: `()` or `Result<(), E>`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a return type #[idempotent] supports",
@@ -29,11 +51,15 @@ use crate::store::{AsyncStore, IntoHandlerError, Store};
     note = "an idempotent handler returns `()` or `Result<(), E>`"
 )]
 pub trait IdempotentReturn: HandlerResult + Sized {
+    /// [`UnitKind`] or [`ResultKind`]: what the store's error must fit. A projection,
+    /// so that an unsupported return type reports only itself.
+    type Kind: ReturnKind<Error = <Self as HandlerResult>::Error>;
     /// Turns the guard's answer back into the handler's return value.
     fn from_guard(result: Result<Outcome, Self::Error>) -> Self;
 }
 
 impl IdempotentReturn for () {
+    type Kind = UnitKind;
     fn from_guard(result: Result<Outcome, Infallible>) -> Self {
         match result {
             Ok(_) => (),
@@ -43,17 +69,22 @@ impl IdempotentReturn for () {
 }
 
 impl<E> IdempotentReturn for Result<(), E> {
+    type Kind = ResultKind<E>;
     fn from_guard(result: Result<Outcome, E>) -> Self {
         result.map(|_| ())
     }
 }
 
-/// The store's error fits the handler's return type `R`: any `Result<(), E>` the error
-/// converts into, and `()` only for a store that cannot fail.
-pub trait StoreErrorFits<R: HandlerResult>: IntoHandlerError<R::Error> {}
+/// The store's error converts into the handler's error `E`.
+#[diagnostic::on_unimplemented(
+    message = "the store's error `{Self}` cannot be returned as the handler's error `{E}`",
+    label = "this store fails with `{Self}`, which does not convert into `{E}`",
+    note = "implement `From<{Self}> for {E}` (e.g. a `#[from]` variant), or return `Result<(), Box<dyn std::error::Error + Send + Sync>>`"
+)]
+pub trait ConvertsInto<E>: IntoHandlerError<E> {}
 
-impl<T: IntoHandlerError<E>, E> StoreErrorFits<Result<(), E>> for T {}
-impl<T: CannotFail> StoreErrorFits<()> for T {}
+#[diagnostic::do_not_recommend]
+impl<T: IntoHandlerError<E>, E> ConvertsInto<E> for T {}
 
 /// A store error type that has no values ([`Infallible`]).
 #[diagnostic::on_unimplemented(
@@ -63,70 +94,201 @@ impl<T: CannotFail> StoreErrorFits<()> for T {}
 )]
 pub trait CannotFail: IntoHandlerError<Infallible> {}
 
+#[diagnostic::do_not_recommend]
 impl CannotFail for Infallible {}
 
-/// A store a sync `#[idempotent]` handler returning `R` can use.
+/// `S` implements the store trait the guard needs. The impls are `do_not_recommend`, so
+/// a `store = ...` expression that is not a store gets the message of the guard trait
+/// (naming the user's expression), not a list of every store type in the crate graph.
+macro_rules! store_marker {
+    ($($marker:ident: $store:ident;)*) => {$(
+        #[doc = concat!("Implemented by every [`", stringify!($store), "`].")]
+        pub trait $marker: $store {}
+        #[diagnostic::do_not_recommend]
+        impl<S: $store + ?Sized> $marker for S {}
+    )*};
+}
+
+store_marker! {
+    SeenSetStore: Store;
+    AsyncSeenSetStore: AsyncStore;
+    ClaimStore: LeaseStore;
+    AsyncClaimStore: AsyncLeaseStore;
+}
+
+/// The store's error fits the handler's return kind `K`: for `Result<(), E>` it converts
+/// into `E`; for `()` the store cannot fail.
+pub trait StoreFits<K: ReturnKind>: Store<Error: IntoHandlerError<K::Error>> {}
+
+impl<S: Store + ?Sized> StoreFits<UnitKind> for S where S::Error: CannotFail {}
+impl<S: Store + ?Sized, E> StoreFits<ResultKind<E>> for S where S::Error: ConvertsInto<E> {}
+
+/// The async store's error fits the handler's return kind `K`.
+pub trait AsyncStoreFits<K: ReturnKind>: AsyncStore<Error: IntoHandlerError<K::Error>> {}
+
+impl<S: AsyncStore + ?Sized> AsyncStoreFits<UnitKind> for S where S::Error: CannotFail {}
+impl<S: AsyncStore + ?Sized, E> AsyncStoreFits<ResultKind<E>> for S where S::Error: ConvertsInto<E> {}
+
+/// The guard of a sync `#[idempotent]` handler returning `R`, for a store `Self`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a seen-set store a sync handler can use",
     label = "this `store = ...` does not implement `babelqueue::Store`",
     note = "a sync fn needs a blocking `Store` (`InMemoryStore`, the SQLite store, or your own impl); a store implementing only `AsyncStore` (Redis, PostgreSQL) needs an `async fn` handler"
 )]
-pub trait SyncGuard<R: HandlerResult>: Store<Error: StoreErrorFits<R>> {}
+pub trait SyncGuard<R> {
+    /// Runs `body` under the guard.
+    fn guard<F: FnOnce() -> R>(&self, key: Option<String>, ttl: Option<Duration>, body: F) -> R;
+}
 
 impl<S, R> SyncGuard<R> for S
 where
-    S: Store + ?Sized,
-    R: HandlerResult,
-    S::Error: StoreErrorFits<R>,
+    S: SeenSetStore + ?Sized,
+    R: IdempotentReturn,
+    S: StoreFits<R::Kind>,
 {
+    fn guard<F: FnOnce() -> R>(&self, key: Option<String>, ttl: Option<Duration>, body: F) -> R {
+        R::from_guard(guard_ttl(self, key, ttl, body))
+    }
 }
 
-/// A store an `async fn` `#[idempotent]` handler returning `R` can use.
+/// The future of an async guarded handler.
+///
+/// A concrete, bound-free type (the guard's future, boxed): awaiting it can never fail
+/// to type-check, so a store that does not fit gives one error (at `store = ...`) instead
+/// of a second one at the `.await`. The one allocation per delivery is small next to a
+/// store round trip.
+#[must_use = "futures do nothing unless awaited"]
+pub struct GuardFuture<'a, R>(BoxFuture<'a, R>);
+
+impl<R> Future for GuardFuture<'_, R> {
+    type Output = R;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
+        self.get_mut().0.as_mut().poll(cx)
+    }
+}
+
+impl<R> std::fmt::Debug for GuardFuture<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GuardFuture")
+    }
+}
+
+/// The guard of an async `#[idempotent]` handler returning `R`, for a store `Self`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a seen-set store an async handler can use",
     label = "this `store = ...` does not implement `babelqueue::AsyncStore`",
     note = "an `async fn` needs an `AsyncStore` (`InMemoryStore`, the Redis, PostgreSQL or SQLite stores, or your own impl); a store implementing only the blocking `Store` needs a sync fn"
 )]
-pub trait AsyncGuard<R: HandlerResult>: AsyncStore<Error: StoreErrorFits<R>> {}
+pub trait AsyncGuard<R> {
+    /// Runs `body` under the guard.
+    fn guard<'a, Fut>(
+        &'a self,
+        key: Option<String>,
+        ttl: Option<Duration>,
+        body: Fut,
+    ) -> GuardFuture<'a, R>
+    where
+        Fut: Future<Output = R> + Send + 'a,
+        R: Send + 'a;
+}
 
 impl<S, R> AsyncGuard<R> for S
 where
-    S: AsyncStore + ?Sized,
-    R: HandlerResult,
-    S::Error: StoreErrorFits<R>,
+    S: AsyncSeenSetStore + ?Sized,
+    R: IdempotentReturn<Error: Send>,
+    S: AsyncStoreFits<R::Kind>,
 {
+    fn guard<'a, Fut>(
+        &'a self,
+        key: Option<String>,
+        ttl: Option<Duration>,
+        body: Fut,
+    ) -> GuardFuture<'a, R>
+    where
+        Fut: Future<Output = R> + Send + 'a,
+        R: Send + 'a,
+    {
+        GuardFuture(Box::pin(async move {
+            R::from_guard(guard_async_ttl(self, key, ttl, body).await)
+        }))
+    }
 }
 
-/// A store a sync handler in lease mode can use.
+/// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with a sync handler",
     label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
     note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
 )]
-pub trait SyncLeaseGuard<R: HandlerResult>: LeaseStore<Error: StoreErrorFits<R>> {}
+pub trait SyncLeaseGuard<R> {
+    /// Runs `body` under the lease-mode guard.
+    fn guard<F: FnOnce() -> R>(
+        &self,
+        key: Option<String>,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+    ) -> R;
+}
 
 impl<S, R> SyncLeaseGuard<R> for S
 where
-    S: LeaseStore + ?Sized,
-    R: HandlerResult,
-    S::Error: StoreErrorFits<R>,
+    S: ClaimStore + ?Sized,
+    R: IdempotentReturn<Error: AcceptsInFlight>,
+    S: StoreFits<R::Kind>,
 {
+    fn guard<F: FnOnce() -> R>(
+        &self,
+        key: Option<String>,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+    ) -> R {
+        R::from_guard(guard_lease(self, key, lease, ttl, body))
+    }
 }
 
-/// A store an async handler in lease mode can use.
+/// The lease-mode guard of an async `#[idempotent(lease = ...)]` handler.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with an async handler",
     label = "this `store = ...` does not implement `babelqueue::AsyncLeaseStore`",
     note = "lease mode needs a store with atomic claims (`AsyncLeaseStore` for an `async fn`, `LeaseStore` for a sync fn); remove `lease = ...` to use plain post-success dedupe"
 )]
-pub trait AsyncLeaseGuard<R: HandlerResult>: AsyncLeaseStore<Error: StoreErrorFits<R>> {}
+pub trait AsyncLeaseGuard<R> {
+    /// Runs `body` under the lease-mode guard.
+    fn guard<'a, Fut>(
+        &'a self,
+        key: Option<String>,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: Fut,
+    ) -> GuardFuture<'a, R>
+    where
+        Fut: Future<Output = R> + Send + 'a,
+        R: Send + 'a;
+}
 
 impl<S, R> AsyncLeaseGuard<R> for S
 where
-    S: AsyncLeaseStore + ?Sized,
-    R: HandlerResult,
-    S::Error: StoreErrorFits<R>,
+    S: AsyncClaimStore + ?Sized,
+    R: IdempotentReturn<Error: AcceptsInFlight + Send>,
+    S: AsyncStoreFits<R::Kind>,
 {
+    fn guard<'a, Fut>(
+        &'a self,
+        key: Option<String>,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: Fut,
+    ) -> GuardFuture<'a, R>
+    where
+        Fut: Future<Output = R> + Send + 'a,
+        R: Send + 'a,
+    {
+        GuardFuture(Box::pin(async move {
+            R::from_guard(guard_lease_async(self, key, lease, ttl, body).await)
+        }))
+    }
 }
 
 /// A handler error that can report an id in flight on another worker (lease mode).
@@ -137,6 +299,7 @@ where
 )]
 pub trait AcceptsInFlight: From<InFlight> {}
 
+#[diagnostic::do_not_recommend]
 impl<E: From<InFlight>> AcceptsInFlight for E {}
 
 /// A value `key = ...` can take.
@@ -146,86 +309,16 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
     note = "implement `babelqueue::DedupeKey` for `{Self}`, or convert it (e.g. `key = x.to_string()`)"
 )]
 pub trait KeySource {
-    /// The key as an owned string (`None`: no usable key, fail open).
+    /// The key as an owned string (`None`: no usable key, fail open). The expansion
+    /// computes it before the handler's body takes its parameters.
     fn owned_key(&self) -> Option<String>;
 }
 
+#[diagnostic::do_not_recommend]
 impl<T: DedupeKey + ?Sized> KeySource for T {
     fn owned_key(&self) -> Option<String> {
         self.dedupe_key().map(Cow::into_owned)
     }
-}
-
-/// Computes the dedupe key up front, as an owned string, before the handler's body takes
-/// its parameters.
-pub fn owned_key<K: KeySource + ?Sized>(key: &K) -> Option<String> {
-    key.owned_key()
-}
-
-/// The body of a sync `#[idempotent]` handler.
-pub fn guard_sync<S, R, F>(
-    store: &S,
-    key: Option<String>,
-    ttl: Option<Duration>,
-    _ret: PhantomData<R>,
-    body: F,
-) -> R
-where
-    S: SyncGuard<R> + ?Sized,
-    R: IdempotentReturn,
-    F: FnOnce() -> R,
-{
-    R::from_guard(guard_ttl(store, key, ttl, body))
-}
-
-/// The body of an async `#[idempotent]` handler (awaited in the still-`async fn`).
-pub async fn guard_async<S, R, Fut>(
-    store: &S,
-    key: Option<String>,
-    ttl: Option<Duration>,
-    _ret: PhantomData<R>,
-    body: Fut,
-) -> R
-where
-    S: AsyncGuard<R> + ?Sized,
-    R: IdempotentReturn,
-    Fut: Future<Output = R>,
-{
-    R::from_guard(guard_async_ttl(store, key, ttl, body).await)
-}
-
-/// The body of a sync `#[idempotent(lease = ...)]` handler.
-pub fn guard_lease_sync<S, R, F>(
-    store: &S,
-    key: Option<String>,
-    lease: Duration,
-    ttl: Option<Duration>,
-    _ret: PhantomData<R>,
-    body: F,
-) -> R
-where
-    S: SyncLeaseGuard<R> + ?Sized,
-    R: IdempotentReturn<Error: AcceptsInFlight>,
-    F: FnOnce() -> R,
-{
-    R::from_guard(guard_lease(store, key, lease, ttl, body))
-}
-
-/// The body of an async `#[idempotent(lease = ...)]` handler.
-pub async fn guard_lease_async_fn<S, R, Fut>(
-    store: &S,
-    key: Option<String>,
-    lease: Duration,
-    ttl: Option<Duration>,
-    _ret: PhantomData<R>,
-    body: Fut,
-) -> R
-where
-    S: AsyncLeaseGuard<R> + ?Sized,
-    R: IdempotentReturn<Error: AcceptsInFlight>,
-    Fut: Future<Output = R>,
-{
-    R::from_guard(guard_lease_async(store, key, lease, ttl, body).await)
 }
 
 /// A return type a `#[handler]` may have.
@@ -279,24 +372,41 @@ mod tests {
     fn unit_and_result_returns_map_back() {
         let store = InMemoryStore::new();
         let mut runs = 0;
-        guard_sync(&store, Some("a".into()), None, PhantomData::<()>, || {
-            runs += 1
-        });
-        guard_sync(&store, Some("a".into()), None, PhantomData::<()>, || {
-            runs += 1
-        });
+        SyncGuard::<()>::guard(&store, Some("a".into()), None, || runs += 1);
+        SyncGuard::<()>::guard(&store, Some("a".into()), None, || runs += 1);
         assert_eq!(runs, 1);
-        let r: Result<(), std::io::Error> =
-            guard_sync(&store, Some("b".into()), None, PhantomData, || {
+        let r =
+            SyncGuard::<Result<(), std::io::Error>>::guard(&store, Some("b".into()), None, || {
                 Err(std::io::Error::other("boom"))
             });
         assert!(r.is_err());
         assert!(!Store::seen(&store, "b").unwrap());
     }
 
+    #[tokio::test]
+    async fn async_guard_future_is_send_and_guards() {
+        fn assert_send<T: Send>(t: T) -> T {
+            t
+        }
+        let store = InMemoryStore::new();
+        let mut runs = 0;
+        for _ in 0..2 {
+            let fut = AsyncGuard::<Result<(), std::io::Error>>::guard(
+                &store,
+                Some("a".into()),
+                None,
+                async { Ok(()) },
+            );
+            assert_send(fut).await.unwrap();
+            runs += 1;
+        }
+        assert_eq!(runs, 2);
+        assert!(AsyncStore::seen(&store, "a").await.unwrap());
+    }
+
     #[test]
     fn owned_key_fails_open_on_empty() {
-        assert_eq!(owned_key(""), None);
-        assert_eq!(owned_key(&Some(7u32)), Some("7".to_owned()));
+        assert_eq!(KeySource::owned_key(""), None);
+        assert_eq!(KeySource::owned_key(&Some(7u32)), Some("7".to_owned()));
     }
 }

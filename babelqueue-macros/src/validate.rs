@@ -1,0 +1,445 @@
+//! The shape of the annotated fn: what each macro accepts, with errors at the offending
+//! tokens. Nothing here generates code.
+
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, Item, ItemFn, Pat, PathArguments, ReturnType, Signature, Type};
+
+use crate::attr::{Errors, IdempotentArgs, tokens_text};
+
+/// How a parameter holds the envelope.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EnvRef {
+    /// `env: Envelope`
+    Owned,
+    /// `env: &Envelope`
+    Shared,
+    /// `env: &mut Envelope`
+    Mut,
+}
+
+/// The envelope parameter of a handler.
+pub struct EnvParam {
+    /// Its name (`None` for a pattern such as `_`).
+    pub ident: Option<Ident>,
+    /// Its pattern as written.
+    pub pat: TokenStream,
+    pub by: EnvRef,
+    pub ty: Type,
+}
+
+/// What a handler returns.
+pub enum Return {
+    /// No return type, or `()`.
+    Unit,
+    /// Anything else that passed the syntactic checks (checked by the type system).
+    Typed(Type),
+}
+
+impl Return {
+    /// The return type as tokens (`()` for [`Return::Unit`]).
+    pub fn ty(&self) -> TokenStream {
+        match self {
+            Return::Unit => quote::quote!(()),
+            Return::Typed(t) => t.to_token_stream(),
+        }
+    }
+}
+
+/// What `#[idempotent]` needs to know about the fn.
+pub struct IdempotentShape {
+    pub env: Option<EnvParam>,
+    pub ret: Return,
+}
+
+/// The user's name for the handler, without the prefix `#[handler]` gives the fn it wraps.
+pub fn display_name(sig: &Signature) -> String {
+    let name = sig.ident.to_string();
+    name.strip_prefix(crate::expand::HANDLER_FN_PREFIX)
+        .map(str::to_owned)
+        .unwrap_or(name)
+}
+
+/// Checks the fn under `#[idempotent]`.
+pub fn idempotent(f: &ItemFn, args: &IdempotentArgs, errors: &mut Errors) -> IdempotentShape {
+    let sig = &f.sig;
+    let name = display_name(sig);
+    if let Some(c) = &sig.constness {
+        errors.error(
+            c.span,
+            "#[idempotent] cannot go on a `const fn`: the guard calls the store at run time, \
+             which a const fn cannot do; remove `const`",
+        );
+    }
+    if let Some(u) = &sig.unsafety {
+        errors.error(
+            u.span,
+            "#[idempotent] cannot go on an `unsafe fn`: a handler is called by the runtime, \
+             which cannot uphold an unsafe fn's safety contract; make the fn safe and put the \
+             unsafe operation in an `unsafe { ... }` block inside it",
+        );
+    }
+    if let Some(v) = &sig.variadic {
+        errors.error(v.span(), "#[idempotent] cannot go on a variadic fn");
+    }
+
+    let envs = envelope_params(sig);
+    let env = if args.key.is_some() {
+        envs.into_iter().next()
+    } else {
+        match envs.len() {
+            0 => {
+                errors.error(
+                    sig.paren_token.span.join(),
+                    format!(
+                        "#[idempotent] keys on the message's `meta.id`, but `{name}` has no \
+                         `Envelope` parameter; add one (`env: &Envelope`), or say what to key \
+                         on with `key = ...`"
+                    ),
+                );
+                None
+            }
+            1 => envs.into_iter().next(),
+            _ => {
+                errors.push(syn::Error::new_spanned(
+                    &envs[1].ty,
+                    format!(
+                        "`{name}` has more than one `Envelope` parameter, so #[idempotent] \
+                         cannot tell which message to key on; keep one, or choose the key with \
+                         `key = ...` (e.g. `key = {}`)",
+                        envs[0]
+                            .ident
+                            .as_ref()
+                            .map_or_else(|| "env".to_owned(), Ident::to_string)
+                    ),
+                ));
+                None
+            }
+        }
+    };
+    if args.key.is_none()
+        && let Some(EnvParam {
+            ident: None, pat, ..
+        }) = &env
+    {
+        errors.push(syn::Error::new_spanned(
+            pat,
+            "#[idempotent] reads this envelope's `meta.id`, so the parameter needs a name: \
+             write `env: &Envelope` (or choose the key with `key = ...`)",
+        ));
+    }
+
+    let ret = return_type(&sig.output, errors);
+    if let (Some(lease), Return::Unit) = (&args.lease, &ret) {
+        errors.error(
+            lease.lit.span(),
+            "`lease = ...` needs a handler returning `Result<(), E>` with \
+             `E: From<babelqueue::InFlight>`: an id claimed by another worker is returned as an \
+             error so the message is retried later; change the return type",
+        );
+    }
+    IdempotentShape { env, ret }
+}
+
+/// Every parameter whose type is `Envelope`, `&Envelope` or `&mut Envelope` (any path
+/// ending in `Envelope`).
+fn envelope_params(sig: &Signature) -> Vec<EnvParam> {
+    sig.inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(pt) => {
+                let by = envelope_ref(&pt.ty)?;
+                let ident = match &*pt.pat {
+                    Pat::Ident(p) if p.subpat.is_none() => Some(p.ident.clone()),
+                    _ => None,
+                };
+                Some(EnvParam {
+                    ident,
+                    pat: pt.pat.to_token_stream(),
+                    by,
+                    ty: (*pt.ty).clone(),
+                })
+            }
+            FnArg::Receiver(_) => None,
+        })
+        .collect()
+}
+
+/// Whether `ty` is the envelope, and how it is held.
+pub fn envelope_ref(ty: &Type) -> Option<EnvRef> {
+    match ty {
+        Type::Group(g) => envelope_ref(&g.elem),
+        Type::Paren(p) => envelope_ref(&p.elem),
+        Type::Reference(r) => match (is_envelope_path(&r.elem), r.mutability.is_some()) {
+            (true, false) => Some(EnvRef::Shared),
+            (true, true) => Some(EnvRef::Mut),
+            (false, _) => None,
+        },
+        _ if is_envelope_path(ty) => Some(EnvRef::Owned),
+        _ => None,
+    }
+}
+
+fn is_envelope_path(ty: &Type) -> bool {
+    match ty {
+        Type::Group(g) => is_envelope_path(&g.elem),
+        Type::Paren(p) => is_envelope_path(&p.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            p.path.segments.last().is_some_and(|s| {
+                s.ident == "Envelope" && matches!(s.arguments, PathArguments::None)
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Checks the return type: `()` or `Result<(), E>` where that can be told from the tokens.
+fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
+    let ty = match output {
+        ReturnType::Default => return Return::Unit,
+        ReturnType::Type(_, ty) => &**ty,
+    };
+    let ty = peel(ty);
+    if let Type::Tuple(t) = ty
+        && t.elems.is_empty()
+    {
+        return Return::Unit;
+    }
+    let unsupported = |errors: &mut Errors, what: &Type| {
+        errors.push(syn::Error::new_spanned(
+            what,
+            format!(
+                "#[idempotent] handlers return `()` or `Result<(), E>`: a skipped duplicate does \
+                 not run the body, so it has no `{}` to return",
+                tokens_text(what)
+            ),
+        ));
+    };
+    match ty {
+        Type::ImplTrait(_) => {
+            errors.push(syn::Error::new_spanned(
+                ty,
+                "#[idempotent] cannot guard a fn returning `impl Trait`; write the handler as an \
+                 `async fn` returning `()` or `Result<(), E>`",
+            ));
+        }
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return Return::Typed(ty.clone());
+            };
+            let name = last.ident.to_string();
+            if name == "Result" {
+                if let PathArguments::AngleBracketed(args) = &last.arguments
+                    && let Some(syn::GenericArgument::Type(ok)) = args.args.first()
+                    && !is_unit(ok)
+                {
+                    errors.push(syn::Error::new_spanned(
+                        ok,
+                        format!(
+                            "a skipped duplicate does not run the body, so it has no `{}` to \
+                             return: an idempotent handler returns `Result<(), E>` (or `()`); \
+                             keep a result you need in your own storage",
+                            tokens_text(ok)
+                        ),
+                    ));
+                }
+            } else if matches!(
+                name.as_str(),
+                "Option"
+                    | "bool"
+                    | "char"
+                    | "str"
+                    | "String"
+                    | "Vec"
+                    | "Box"
+                    | "u8"
+                    | "u16"
+                    | "u32"
+                    | "u64"
+                    | "u128"
+                    | "usize"
+                    | "i8"
+                    | "i16"
+                    | "i32"
+                    | "i64"
+                    | "i128"
+                    | "isize"
+                    | "f32"
+                    | "f64"
+            ) {
+                unsupported(errors, ty);
+            }
+        }
+        Type::Path(_) | Type::Macro(_) | Type::Verbatim(_) => {}
+        _ => unsupported(errors, ty),
+    }
+    Return::Typed(ty.clone())
+}
+
+fn peel(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(g) => peel(&g.elem),
+        Type::Paren(p) => peel(&p.elem),
+        _ => ty,
+    }
+}
+
+fn is_unit(ty: &Type) -> bool {
+    matches!(peel(ty), Type::Tuple(t) if t.elems.is_empty())
+}
+
+/// What `#[handler]` needs to know about the fn.
+pub struct HandlerShape {
+    pub env: EnvRef,
+    pub env_ty: Type,
+    pub ret: Return,
+}
+
+/// Checks the fn under `#[handler]`: a free, non-generic fn taking only the envelope.
+pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
+    let sig = &f.sig;
+    let mut ok = true;
+    if let Some(recv) = sig.receiver() {
+        errors.push(syn::Error::new_spanned(
+            recv,
+            "#[handler] goes on a free fn, not a method: the router calls it with the envelope \
+             alone; move it out of the `impl`, or route a closure with `Router::route_sync` / \
+             `Router::route_async`",
+        ));
+        return None;
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        let at = if sig.generics.params.is_empty() {
+            sig.generics.where_clause.to_token_stream()
+        } else {
+            sig.generics.to_token_stream()
+        };
+        errors.push(syn::Error::new_spanned(
+            at,
+            "a #[handler] fn cannot be generic: the router calls one concrete fn; remove the \
+             generic parameters (reach shared state through a `static`)",
+        ));
+        ok = false;
+    }
+    if let Some(u) = &sig.unsafety {
+        errors.error(
+            u.span,
+            "#[handler] cannot go on an `unsafe fn`: the router cannot uphold its safety \
+             contract; make the fn safe and use an `unsafe { ... }` block inside it",
+        );
+        ok = false;
+    }
+    let name = display_name(sig);
+    let params: Vec<_> = sig.inputs.iter().collect();
+    let mut env = None;
+    match params.as_slice() {
+        [] => {
+            errors.error(
+                sig.paren_token.span.join(),
+                format!(
+                    "a #[handler] fn takes the envelope as its one parameter, but `{name}` has \
+                     none; write `fn {name}(env: &Envelope)`"
+                ),
+            );
+            ok = false;
+        }
+        [FnArg::Typed(pt)] => match envelope_ref(&pt.ty) {
+            Some(by) => env = Some((by, (*pt.ty).clone())),
+            None => {
+                errors.push(syn::Error::new_spanned(
+                    &pt.ty,
+                    format!(
+                        "a #[handler] fn takes the envelope as its one parameter, found `{}`; \
+                         write `env: &Envelope` (or `env: Envelope`)",
+                        tokens_text(&pt.ty)
+                    ),
+                ));
+                ok = false;
+            }
+        },
+        [_, extra @ ..] if !extra.is_empty() => {
+            let rest: TokenStream = extra.iter().map(|a| a.to_token_stream()).collect();
+            errors.push(syn::Error::new_spanned(
+                rest,
+                format!(
+                    "a #[handler] fn takes exactly one parameter, the envelope, but `{name}` has \
+                     {}: the router passes the envelope alone; reach other state through a \
+                     `static`, or route a closure with `Router::route_sync` / \
+                     `Router::route_async`",
+                    params.len()
+                ),
+            ));
+            ok = false;
+        }
+        _ => ok = false,
+    }
+    let ret = match &sig.output {
+        ReturnType::Default => Return::Unit,
+        ReturnType::Type(_, ty) if is_unit(ty) => Return::Unit,
+        ReturnType::Type(_, ty) => {
+            if let Type::ImplTrait(_) = peel(ty) {
+                errors.push(syn::Error::new_spanned(
+                    ty,
+                    "a #[handler] fn cannot return `impl Trait`; write it as an `async fn` \
+                     returning `()` or `Result<(), E>`",
+                ));
+                ok = false;
+            }
+            Return::Typed((**ty).clone())
+        }
+    };
+    let (env, env_ty) = env?;
+    ok.then_some(HandlerShape { env, env_ty, ret })
+}
+
+/// The error for an attribute put on something that is not a fn with a body.
+pub fn not_a_fn(macro_name: &str, item: &TokenStream) -> syn::Error {
+    let what = match syn::parse2::<Item>(item.clone()) {
+        Ok(Item::Struct(s)) => Some(("a struct", s.struct_token.span)),
+        Ok(Item::Enum(e)) => Some(("an enum", e.enum_token.span)),
+        Ok(Item::Union(u)) => Some(("a union", u.union_token.span)),
+        Ok(Item::Impl(i)) => {
+            return syn::Error::new(
+                i.impl_token.span,
+                format!(
+                    "#[{macro_name}] goes on a handler fn, not on an `impl` block; put it on \
+                     each handler method inside"
+                ),
+            );
+        }
+        Ok(Item::Trait(t)) => Some(("a trait", t.trait_token.span)),
+        Ok(Item::Mod(m)) => Some(("a module", m.mod_token.span)),
+        Ok(Item::Const(c)) => Some(("a const", c.const_token.span)),
+        Ok(Item::Static(s)) => Some(("a static", s.static_token.span)),
+        Ok(Item::Type(t)) => Some(("a type alias", t.type_token.span)),
+        Ok(Item::Use(u)) => Some(("a `use`", u.use_token.span)),
+        _ => None,
+    };
+    if let Some((what, span)) = what {
+        return syn::Error::new(
+            span,
+            format!(
+                "#[{macro_name}] goes on a handler fn (one taking an `Envelope`), not on {what}"
+            ),
+        );
+    }
+    // A fn without a body (a trait method declaration), or something else.
+    let fn_kw = item.clone().into_iter().find_map(|t| match t {
+        proc_macro2::TokenTree::Ident(i) if i == "fn" => Some(i.span()),
+        _ => None,
+    });
+    match fn_kw {
+        Some(span) => syn::Error::new(
+            span,
+            format!(
+                "#[{macro_name}] needs the fn's body; put it on a fn with a body (in a trait: on \
+                 the methods of the impls, or on a default body)"
+            ),
+        ),
+        None => syn::Error::new_spanned(
+            item,
+            format!("#[{macro_name}] goes on a handler fn (one taking an `Envelope`)"),
+        ),
+    }
+}
