@@ -613,3 +613,39 @@ async fn the_observer_sees_every_delivery() {
     assert!(reports[2].envelope.is_none());
     assert!(reports.iter().all(|r| r.acked));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_drain_waits_for_the_retries_of_other_workers() {
+    let t = InMemoryTransport::new();
+    let first_tries = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let f = first_tries.clone();
+    let app =
+        App::new(t.clone())
+            .queue("q")
+            .concurrency(8)
+            .route_async(CHARGE, move |env: Envelope| {
+                let f = f.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    // Each message fails on its first delivery: its retry is republished by
+                    // whichever worker handled it, possibly after the others saw the queue empty.
+                    if f.lock().unwrap().insert(env.meta.id.clone()) {
+                        Err(ChargeDeclined(env.meta.id))
+                    } else {
+                        Ok(())
+                    }
+                }
+            });
+    for i in 0..200 {
+        app.publish(CHARGE, &json!({"i": i})).await.unwrap();
+    }
+    let s = app.drain().await.unwrap();
+    assert_eq!(
+        (s.retried, s.succeeded, s.acked, s.processed),
+        (200, 200, 400, 400)
+    );
+    assert_eq!(
+        (t.len("q"), t.processing_len("q"), t.len("q.dlq")),
+        (0, 0, 0)
+    );
+}

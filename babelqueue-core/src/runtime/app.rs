@@ -5,12 +5,13 @@ use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -126,6 +127,23 @@ pub struct Stats {
 }
 
 impl Stats {
+    fn merge(&mut self, o: &Stats) {
+        self.processed += o.processed;
+        self.succeeded += o.succeeded;
+        self.skipped += o.skipped;
+        self.failed += o.failed;
+        self.retried += o.retried;
+        self.dead_lettered += o.dead_lettered;
+        self.poison += o.poison;
+        self.unknown_urn += o.unknown_urn;
+        self.dropped += o.dropped;
+        self.released += o.released;
+        self.deferred += o.deferred;
+        self.acked += o.acked;
+        self.unacked += o.unacked;
+        self.transport_errors += o.transport_errors;
+    }
+
     fn record(&mut self, r: &Report) {
         self.processed += 1;
         match &r.disposition {
@@ -217,8 +235,10 @@ struct Config {
 /// - **[`InFlight`]** (lease mode: another worker holds the id) → not a failed attempt: the
 ///   message is republished unchanged after [`in_flight_delay`](Self::in_flight_delay).
 ///
-/// Up to [`concurrency`](Self::concurrency) messages are handled at once, each in its own
-/// tokio task. Transport failures never stop the loop: it backs off and reconnects.
+/// [`concurrency`](Self::concurrency) workers (tokio tasks) each reserve and handle one
+/// message at a time, so up to that many are in flight and their round trips to the
+/// broker overlap. When the queue is empty one worker at a time blocks in the transport's
+/// reserve. Transport failures never stop the loop: it backs off and reconnects.
 ///
 /// ```
 /// use babelqueue_core::runtime::{App, InMemoryTransport};
@@ -343,7 +363,8 @@ impl App {
         self
     }
 
-    /// Up to `n` messages handled at once (default 1; 0 is read as 1).
+    /// Up to `n` messages handled at once, by `n` workers (default 1; 0 is read as 1).
+    /// With 1, messages are handled one after the other in queue order.
     #[must_use]
     pub fn concurrency(mut self, n: usize) -> Self {
         self.config.concurrency = n.max(1);
@@ -528,127 +549,229 @@ impl App {
     where
         S: Future<Output = ()> + Send,
     {
-        let ctx = Arc::new(Ctx {
-            transport: Arc::clone(&self.transport),
-            router: Arc::clone(&self.router),
-            dlq: self.dead_letter_queue_name(),
-            config: self.config.clone(),
-            observer: self.observer.clone(),
+        let shared = Arc::new(Shared {
+            ctx: Ctx {
+                transport: Arc::clone(&self.transport),
+                router: Arc::clone(&self.router),
+                dlq: self.dead_letter_queue_name(),
+                config: self.config.clone(),
+                observer: self.observer.clone(),
+            },
+            mode,
+            stop: AtomicBool::new(false),
+            wake: Notify::new(),
+            busy: AtomicUsize::new(self.config.concurrency),
+            blocking: tokio::sync::Mutex::new(()),
+            parked: Mutex::new(Parked::default()),
+            gave_up: Mutex::new(None),
         });
-        let queue = ctx.config.queue.clone();
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut stopping = false;
-        let semaphore = Arc::new(Semaphore::new(ctx.config.concurrency));
-        let mut tasks: JoinSet<(Report, u64)> = JoinSet::new();
+        let mut workers = JoinSet::new();
+        for _ in 0..self.config.concurrency {
+            workers.spawn(worker(Arc::clone(&shared)));
+        }
         let mut stats = Stats::default();
-        let mut backoff = ctx.config.backoff_min;
-        let mut failing_since: Option<Instant> = None;
-        let mut last_error: Option<TransportError> = None;
-        // Drain only: elements this drain put back (released / deferred), and how many
-        // such elements were reserved in a row.
-        let mut parked: HashSet<u64> = HashSet::new();
-        let mut parked_streak = 0usize;
-        let timeout = match mode {
-            Mode::Drain => Duration::ZERO,
-            Mode::Run => ctx.config.poll_timeout,
+        let mut merge = |done: Result<Stats, tokio::task::JoinError>| match done {
+            Ok(s) => stats.merge(&s),
+            Err(e) => tracing::error!(error = %e, "consumer worker failed"),
         };
-
-        loop {
-            while let Some(done) = tasks.try_join_next() {
-                collect(done, &mut stats, &mut parked);
+        tokio::select! {
+            biased;
+            () = shutdown => {
+                tracing::info!(queue = %self.config.queue, "shutting down: finishing in-flight messages");
+                shared.halt();
             }
-            let permit = tokio::select! {
-                biased;
-                () = &mut shutdown, if !stopping => { stopping = true; None }
-                p = Arc::clone(&semaphore).acquire_owned() => p.ok(),
-            };
-            let Some(permit) = permit else { break };
-            match ctx.transport.reserve(&queue, timeout).await {
-                Ok(Some(delivery)) => {
-                    backoff = ctx.config.backoff_min;
-                    failing_since = None;
-                    let hash = element_hash(delivery.element());
-                    let mut last_lap = false;
-                    if mode == Mode::Drain {
-                        if parked.contains(&hash) {
-                            parked_streak += 1;
-                            last_lap = parked_streak > parked.len();
-                        } else {
-                            parked_streak = 0;
-                        }
-                    }
-                    let span = tracing::info_span!(
-                        "babelqueue.message",
-                        queue = %queue,
-                        urn = Empty,
-                        "meta.id" = Empty,
-                        trace_id = Empty,
-                        attempts = Empty,
-                    );
-                    let task_ctx = Arc::clone(&ctx);
-                    tasks.spawn(
-                        async move {
-                            let report = process(&task_ctx, delivery).await;
-                            if let Some(observer) = &task_ctx.observer {
-                                observer(&report);
-                            }
-                            drop(permit);
-                            (report, hash)
-                        }
-                        .instrument(span),
-                    );
-                    if last_lap {
-                        tracing::debug!(
-                            queue = %queue,
-                            "drain: only messages put back by this drain remain"
-                        );
-                        break;
-                    }
+            () = async {
+                while let Some(done) = workers.join_next().await {
+                    merge(done);
                 }
-                Ok(None) => {
-                    drop(permit);
-                    if mode == Mode::Drain {
-                        match tasks.join_next().await {
-                            Some(done) => collect(done, &mut stats, &mut parked),
-                            None => break,
-                        }
-                    }
-                }
-                Err(error) => {
-                    drop(permit);
-                    stats.transport_errors += 1;
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    tracing::warn!(
-                        queue = %queue,
-                        %error,
-                        retry_in_ms = backoff.as_millis() as u64,
-                        "reserve failed; reconnecting"
-                    );
-                    if mode == Mode::Drain && since.elapsed() >= ctx.config.give_up_after {
-                        last_error = Some(error);
-                        break;
-                    }
-                    let sleep = tokio::time::sleep(backoff);
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown, if !stopping => stopping = true,
-                        () = sleep => {}
-                    }
-                    backoff = (backoff * 2).min(ctx.config.backoff_max);
-                    if stopping {
-                        break;
-                    }
-                }
-            }
+            } => {}
         }
-        while let Some(done) = tasks.join_next().await {
-            collect(done, &mut stats, &mut parked);
+        while let Some(done) = workers.join_next().await {
+            merge(done);
         }
-        match last_error {
+        let gave_up = lock(&shared.gave_up).take();
+        match gave_up {
             Some(error) => Err(DrainError { error, stats }),
             None => Ok(stats),
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Drain only: elements this drain put back (released / deferred), and how many of them
+/// were reserved in a row (once that covers them all, only they remain: stop).
+#[derive(Default)]
+struct Parked {
+    hashes: HashSet<u64>,
+    streak: usize,
+}
+
+/// What the workers of one drain / run share.
+struct Shared {
+    ctx: Ctx,
+    mode: Mode,
+    stop: AtomicBool,
+    /// Notified when a message was handled (it may have republished one) and on stop.
+    wake: Notify,
+    /// Workers reserving or handling (drain: the last one to find the queue empty ends it).
+    busy: AtomicUsize,
+    /// One blocking reserve at a time (a `BLMOVE` holds its connection).
+    blocking: tokio::sync::Mutex<()>,
+    parked: Mutex<Parked>,
+    gave_up: Mutex<Option<TransportError>>,
+}
+
+impl Shared {
+    fn halt(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Completes once [`halt`](Self::halt) was called.
+    async fn stopped(&self) {
+        loop {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.stopping() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Drain: whether `hash` completes a lap over only parked elements.
+    fn last_lap(&self, hash: u64) -> bool {
+        if self.mode != Mode::Drain {
+            return false;
+        }
+        let mut p = lock(&self.parked);
+        if p.hashes.contains(&hash) {
+            p.streak += 1;
+            p.streak > p.hashes.len()
+        } else {
+            p.streak = 0;
+            false
+        }
+    }
+
+    async fn reserve(&self) -> Result<Option<Delivery>, TransportError> {
+        let queue = &self.ctx.config.queue;
+        let got = self.ctx.transport.reserve(queue, Duration::ZERO).await?;
+        if got.is_some() || self.mode == Mode::Drain {
+            return Ok(got);
+        }
+        // Nothing waiting: block, one worker at a time, until a message arrives or the
+        // poll timeout ends (never cancelled halfway, so nothing is stranded).
+        let _turn = tokio::select! {
+            biased;
+            () = self.stopped() => return Ok(None),
+            turn = self.blocking.lock() => turn,
+        };
+        if self.stopping() {
+            return Ok(None);
+        }
+        self.ctx
+            .transport
+            .reserve(queue, self.ctx.config.poll_timeout)
+            .await
+    }
+
+    async fn handle(&self, delivery: Delivery, stats: &mut Stats) {
+        let hash = element_hash(delivery.element());
+        let last_lap = self.last_lap(hash);
+        let span = tracing::info_span!(
+            "babelqueue.message",
+            queue = %self.ctx.config.queue,
+            urn = Empty,
+            "meta.id" = Empty,
+            trace_id = Empty,
+            attempts = Empty,
+        );
+        let report = process(&self.ctx, delivery).instrument(span).await;
+        if let Some(observer) = &self.ctx.observer {
+            if std::panic::catch_unwind(AssertUnwindSafe(|| observer(&report))).is_err() {
+                tracing::error!("the on_delivery observer panicked");
+            }
+        }
+        if matches!(
+            report.disposition,
+            Disposition::Released | Disposition::Deferred
+        ) {
+            lock(&self.parked).hashes.insert(hash);
+        }
+        stats.record(&report);
+        if last_lap {
+            tracing::debug!(queue = %self.ctx.config.queue, "drain: only messages put back by this drain remain");
+            self.halt();
+        } else {
+            self.wake.notify_waiters();
+        }
+    }
+}
+
+/// One consumer loop; `concurrency` of them run at once. Returns what it did.
+async fn worker(shared: Arc<Shared>) -> Stats {
+    let config = &shared.ctx.config;
+    let mut stats = Stats::default();
+    let mut backoff = config.backoff_min;
+    let mut failing_since: Option<Instant> = None;
+    while !shared.stopping() {
+        match shared.reserve().await {
+            Ok(Some(delivery)) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                shared.handle(delivery, &mut stats).await;
+            }
+            Ok(None) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                if shared.mode == Mode::Run {
+                    continue;
+                }
+                // Drain: the queue looked empty. Wait while another worker is still busy
+                // (its message may come back as a retry); the last one to go idle ends it.
+                let notified = shared.wake.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    shared.halt();
+                    break;
+                }
+                notified.await;
+                shared.busy.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(error) => {
+                stats.transport_errors += 1;
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                tracing::warn!(
+                    queue = %config.queue,
+                    %error,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "reserve failed; reconnecting"
+                );
+                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
+                    lock(&shared.gave_up).get_or_insert(error);
+                    shared.halt();
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    () = shared.stopped() => {}
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(config.backoff_max);
+            }
+        }
+    }
+    stats
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -661,31 +784,6 @@ fn element_hash(element: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     element.hash(&mut h);
     h.finish()
-}
-
-fn collect(
-    done: Result<(Report, u64), tokio::task::JoinError>,
-    stats: &mut Stats,
-    parked: &mut HashSet<u64>,
-) {
-    match done {
-        Ok((report, hash)) => {
-            if matches!(
-                report.disposition,
-                Disposition::Released | Disposition::Deferred
-            ) {
-                parked.insert(hash);
-            }
-            stats.record(&report);
-        }
-        // `process` catches handler panics; this is a bug in the runtime itself. The
-        // message was not acked and stays in the processing list.
-        Err(e) => {
-            tracing::error!(error = %e, "message task failed; the message stays in processing");
-            stats.processed += 1;
-            stats.unacked += 1;
-        }
-    }
 }
 
 async fn shutdown_signal() {
