@@ -15,9 +15,9 @@
 use std::time::Instant;
 
 use babelqueue::Envelope;
+use babelqueue::redis::redis;
+use babelqueue::redis::{RedisTransport, processing_list};
 use babelqueue::runtime::{App, InMemoryTransport, Transport};
-use babelqueue_redis::redis;
-use babelqueue_redis::{RedisTransport, processing_list};
 
 const URN: &str = "urn:babel:bench:noop";
 

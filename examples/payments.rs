@@ -19,11 +19,13 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::{Mutex, OnceLock};
 
-use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats};
-use babelqueue::{DynStore, DynStoreError, Envelope, EnvelopeError, InMemoryStore, guard_async};
-use babelqueue_postgres::PostgresStore;
-use babelqueue_redis::{RedisStore, RedisTransport};
-use babelqueue_sqlite::SqliteStore;
+use babelqueue::postgres::PostgresStore;
+use babelqueue::redis::{RedisStore, RedisTransport};
+use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
+use babelqueue::sqlite::SqliteStore;
+use babelqueue::{
+    DynStore, DynStoreError, Envelope, EnvelopeError, InMemoryStore, handler, idempotent,
+};
 use serde::{Deserialize, Serialize};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -53,22 +55,22 @@ fn store() -> &'static DynStore {
 /// The `meta.id`s this process charged (a real service would call its payment gateway).
 static CHARGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// The charge handler, guarded by the idempotency guard on `meta.id`.
+/// The charge handler. `#[idempotent]` guards it on `meta.id` with the chosen store: a
+/// delivery whose id was already charged (by this process or any consumer sharing the
+/// store, whatever its language) is skipped and acked without running this body.
+#[handler("urn:babel:payments:charge")]
+#[idempotent(store = store())]
 async fn charge(env: Envelope) -> Result<(), ChargeError> {
-    guard_async(store(), &env, async {
-        let p: Payment = env.data_as()?;
-        CHARGED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(env.meta.id.clone());
-        println!(
-            "[rust] charged  payment_id={} amount={} {}  meta.id={}  (charged once)",
-            p.payment_id, p.amount, p.currency, env.meta.id
-        );
-        Ok::<(), ChargeError>(())
-    })
-    .await
-    .map(drop)
+    let p: Payment = env.data_as()?;
+    CHARGED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(env.meta.id.clone());
+    println!(
+        "[rust] charged  payment_id={} amount={} {}  meta.id={}  (charged once)",
+        p.payment_id, p.amount, p.currency, env.meta.id
+    );
+    Ok(())
 }
 
 /// One line per delivery the handler did not print itself.
@@ -107,10 +109,10 @@ fn payment(queue: &str) -> Result<Vec<u8>, EnvelopeError> {
         .encode())
 }
 
-fn app(transport: impl babelqueue::runtime::Transport, queue: &str) -> App {
+fn app(transport: impl Transport, queue: &str) -> App {
     App::new(transport)
         .queue(queue)
-        .route_async(CHARGE, charge)
+        .register(charge)
         .on_delivery(report)
 }
 

@@ -8,10 +8,10 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use babelqueue::redis::redis::{self, AsyncCommands};
+use babelqueue::redis::{RedisStore, RedisTransport, processing_list};
 use babelqueue::runtime::App;
 use babelqueue::{Envelope, guard_async};
-use babelqueue_redis::redis::{self, AsyncCommands};
-use babelqueue_redis::{RedisStore, RedisTransport, processing_list};
 
 fn redis_url() -> String {
     std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
@@ -286,7 +286,7 @@ async fn a_payment_another_sdk_already_charged_is_not_charged_again() {
 
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-struct StoreDown(#[from] babelqueue_redis::RedisStoreError);
+struct StoreDown(#[from] babelqueue::redis::RedisStoreError);
 
 #[tokio::test]
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use babelqueue::redis::redis::{self, AsyncCommands};
+use babelqueue::redis::{RedisStore, RedisTransport, processing_list};
 use babelqueue::runtime::{App, Transport, recover_poison};
 use babelqueue::{Envelope, guard_async, now_millis};
-use babelqueue_redis::redis::{self, AsyncCommands};
-use babelqueue_redis::{RedisStore, RedisTransport, processing_list};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -77,7 +77,7 @@ enum ChargeError {
     #[error("card declined")]
     Declined,
     #[error(transparent)]
-    Store(#[from] babelqueue_redis::RedisStoreError),
+    Store(#[from] babelqueue::redis::RedisStoreError),
 }
 
 #[tokio::test]
