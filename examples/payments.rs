@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::process::ExitCode;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::{RedisStore, RedisTransport};
@@ -45,12 +45,16 @@ enum ChargeError {
     Payload(#[from] EnvelopeError),
 }
 
-/// The dedupe store, chosen at start-up (`--store`).
-static STORE: OnceLock<DynStore> = OnceLock::new();
+/// The store picked on the command line (`--store`), set once at start-up.
+static CHOSEN: OnceLock<DynStore> = OnceLock::new();
 
-fn store() -> &'static DynStore {
-    STORE.get_or_init(|| DynStore::new(InMemoryStore::new()))
-}
+/// The dedupe store the charge handler uses: the chosen one, else an in-memory store.
+static STORE: LazyLock<DynStore> = LazyLock::new(|| {
+    CHOSEN
+        .get()
+        .cloned()
+        .unwrap_or_else(|| DynStore::new(InMemoryStore::new()))
+});
 
 /// The `meta.id`s this process charged (a real service would call its payment gateway).
 static CHARGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -59,7 +63,7 @@ static CHARGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// delivery whose id was already charged (by this process or any consumer sharing the
 /// store, whatever its language) is skipped and acked without running this body.
 #[handler("urn:babel:payments:charge")]
-#[idempotent(store = store())]
+#[idempotent(store = STORE)]
 async fn charge(env: Envelope) -> Result<(), ChargeError> {
     let p: Payment = env.data_as()?;
     CHARGED
@@ -193,7 +197,7 @@ async fn consume(store_kind: &str) -> Result<bool, Box<dyn std::error::Error>> {
     let url = env_or("BROKER_URL", "redis://localhost:6379/0");
     let queue = env_or("QUEUE", "payments");
     let chosen = open_store(store_kind, &url).await?;
-    if STORE.set(chosen).is_err() {
+    if CHOSEN.set(chosen).is_err() {
         return Err("the store was already chosen".into());
     }
     let transport = RedisTransport::connect(&url).await?;

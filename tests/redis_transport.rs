@@ -34,14 +34,14 @@ impl Queue {
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        if let Ok(client) = redis::Client::open(redis_url()) {
-            if let Ok(mut c) = client.get_connection() {
-                let _: Result<(), _> = redis::cmd("DEL")
-                    .arg(&self.name)
-                    .arg(processing_list(&self.name))
-                    .arg(format!("{}.dlq", self.name))
-                    .query(&mut c);
-            }
+        if let Ok(client) = redis::Client::open(redis_url())
+            && let Ok(mut c) = client.get_connection()
+        {
+            let _: Result<(), _> = redis::cmd("DEL")
+                .arg(&self.name)
+                .arg(processing_list(&self.name))
+                .arg(format!("{}.dlq", self.name))
+                .query(&mut c);
         }
     }
 }
@@ -272,7 +272,7 @@ async fn poison_bodies_are_dead_lettered_while_the_loop_goes_on() {
         *b = x as u8;
     }
     let unknown_version = br#"{"job":"urn:babel:payments:charge","trace_id":"t","data":{},"meta":{"id":"m","queue":"q","lang":"go","schema_version":99,"created_at":0},"attempts":0}"#.to_vec();
-    let poison = vec![
+    let poison = [
         b"definitely { not json".to_vec(),
         b"[\"an\",\"array\"]".to_vec(),
         unknown_version.clone(),
@@ -473,13 +473,13 @@ impl AclUser {
 
 impl Drop for AclUser {
     fn drop(&mut self) {
-        if let Ok(client) = redis::Client::open(redis_url()) {
-            if let Ok(mut c) = client.get_connection() {
-                let _: Result<(), _> = redis::cmd("ACL")
-                    .arg("DELUSER")
-                    .arg(&self.name)
-                    .query(&mut c);
-            }
+        if let Ok(client) = redis::Client::open(redis_url())
+            && let Ok(mut c) = client.get_connection()
+        {
+            let _: Result<(), _> = redis::cmd("ACL")
+                .arg("DELUSER")
+                .arg(&self.name)
+                .query(&mut c);
         }
     }
 }

@@ -696,10 +696,10 @@ impl Shared {
             attempts = Empty,
         );
         let report = process(&self.ctx, delivery).instrument(span).await;
-        if let Some(observer) = &self.ctx.observer {
-            if std::panic::catch_unwind(AssertUnwindSafe(|| observer(&report))).is_err() {
-                tracing::error!("the on_delivery observer panicked");
-            }
+        if let Some(observer) = &self.ctx.observer
+            && std::panic::catch_unwind(AssertUnwindSafe(|| observer(&report))).is_err()
+        {
+            tracing::error!("the on_delivery observer panicked");
         }
         if matches!(
             report.disposition,
