@@ -649,3 +649,76 @@ async fn a_concurrent_drain_waits_for_the_retries_of_other_workers() {
         (0, 0, 0)
     );
 }
+
+/// A `Write` into a shared buffer, for capturing the tracing output.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_message_has_a_span_and_events_for_ack_skip_retry_and_dead_letter() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let t = InMemoryTransport::new();
+    let store = Arc::new(InMemoryStore::new());
+    let st = store.clone();
+    let app = App::new(t.clone())
+        .queue("traced")
+        .max_attempts(2)
+        .route_async(CHARGE, move |env: Envelope| {
+            let st = st.clone();
+            async move {
+                guard_async(&*st, &env, async {
+                    if env.data.contains_key("fail") {
+                        Err(ChargeDeclined("x".into()))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .await
+                .map(drop)
+            }
+        });
+    let ok = envelope("traced", json!({"n": 1}));
+    app.publish_raw(ok.encode()).await.unwrap();
+    app.publish_raw(ok.encode()).await.unwrap();
+    let failing = envelope("traced", json!({"fail": true}));
+    app.publish_raw(failing.encode()).await.unwrap();
+    app.drain().await.unwrap();
+
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let span = format!(
+        "babelqueue.message{{queue=traced urn=\"{CHARGE}\" meta.id=\"{}\" trace_id=\"{}\" attempts=0}}",
+        ok.meta.id, ok.trace_id
+    );
+    assert!(text.contains(&span), "{text}");
+    let retry_span = format!(
+        "meta.id=\"{}\" trace_id=\"{}\" attempts=1}}",
+        failing.meta.id, failing.trace_id
+    );
+    assert!(text.contains(&retry_span), "{text}");
+    for event in [
+        "acked",
+        "duplicate skipped",
+        "handler failed; retrying",
+        "dead-lettered",
+    ] {
+        assert!(text.contains(event), "no `{event}` event in:\n{text}");
+    }
+}

@@ -906,7 +906,10 @@ impl Ctx {
 
     async fn ack(&self, delivery: &Delivery) -> bool {
         match self.retrying("ack", || self.transport.ack(delivery)).await {
-            Ok(()) => true,
+            Ok(()) => {
+                tracing::debug!("acked");
+                true
+            }
             Err(error) => {
                 tracing::error!(%error, "ack failed; the message stays in the processing list");
                 false
@@ -1176,11 +1179,8 @@ async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
         }
         Ok(_) => {
             let env = ctx.observer.is_some().then_some(keep);
-            let report = ctx
-                .finish(&delivery, env, Disposition::Succeeded, false, None)
-                .await;
-            tracing::debug!(acked = report.acked, "handled");
-            report
+            ctx.finish(&delivery, env, Disposition::Succeeded, false, None)
+                .await
         }
         Err(e) if is_in_flight(&e, &keep.meta.id) => {
             ctx.defer(&delivery, keep, e.to_string()).await
