@@ -578,3 +578,44 @@ async fn an_unreachable_server_is_an_error_not_a_hang() {
     // And the real server is reachable (so this test fails, not passes, without one).
     transport().await.ping().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn concurrent_blocking_reserves_share_one_connection_without_errors() {
+    let q = Queue::new("blocking");
+    let t = transport().await;
+    let reserve_all = |timeout: Duration| {
+        let t = t.clone();
+        let name = q.name.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..3 {
+                let (t, name) = (t.clone(), name.clone());
+                set.spawn(async move { t.reserve(&name, timeout).await });
+            }
+            set.join_all().await
+        }
+    };
+    // Empty queue: each waits its turn within its own timeout, and none fails.
+    let started = std::time::Instant::now();
+    let results = reserve_all(Duration::from_millis(300)).await;
+    assert!(results.iter().all(|r| matches!(r, Ok(None))), "{results:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Two messages for three waiters: two get one each, the third times out.
+    let producer = {
+        let (t, name) = (t.clone(), q.name.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            t.publish_raw(&name, b"a".to_vec()).await.unwrap();
+            t.publish_raw(&name, b"b".to_vec()).await.unwrap();
+        })
+    };
+    let results = reserve_all(Duration::from_secs(2)).await;
+    producer.await.unwrap();
+    let mut got: Vec<Vec<u8>> = results
+        .into_iter()
+        .filter_map(|r| r.unwrap().map(|d| d.element().to_vec()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![b"a".to_vec(), b"b".to_vec()]);
+}

@@ -15,7 +15,8 @@
 //! Connections are opened lazily and reopened after a failure: a lost connection is
 //! reported as [`TransportError::Connection`] and the next call reconnects (the
 //! [`App`](babelqueue_core::runtime::App) backs off between attempts). Blocking reserves
-//! use a connection of their own, so a `BLMOVE` never delays publishes and acks.
+//! use a connection of their own (one at a time), so a `BLMOVE` never delays publishes
+//! and acks. Needs Redis 6.2 or later (`LMOVE` / `BLMOVE`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,8 @@ struct Inner {
     client: Client,
     commands: Slot,
     blocking: Slot,
+    /// A `BLMOVE` holds its connection: one blocking reserve at a time.
+    blocking_turn: Mutex<()>,
     response_timeout: Duration,
 }
 
@@ -173,6 +176,7 @@ impl RedisTransport {
                 client,
                 commands: Slot::new(commands),
                 blocking: Slot::new(blocking),
+                blocking_turn: Mutex::new(()),
                 response_timeout: response,
             }),
         }
@@ -217,11 +221,30 @@ impl RedisTransport {
         .await
     }
 
+    async fn reserve_nonblocking(&self, queue: &str) -> Result<Option<Vec<u8>>, TransportError> {
+        self.run(
+            &self.inner.commands,
+            redis::cmd("LMOVE")
+                .arg(queue)
+                .arg(processing_list(queue))
+                .arg("LEFT")
+                .arg("RIGHT"),
+        )
+        .await
+    }
+
     async fn reserve_blocking(
         &self,
         queue: &str,
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, TransportError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let _turn = self.inner.blocking_turn.lock().await;
+        // Waiting for the turn counts against the caller's timeout.
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if timeout < Duration::from_millis(1) {
+            return self.reserve_nonblocking(queue).await;
+        }
         let slot = &self.inner.blocking;
         let (generation, mut conn) = slot.get(&self.inner.client).await?;
         let mut cmd = redis::cmd("BLMOVE");
@@ -275,15 +298,7 @@ impl Transport for RedisTransport {
         Box::pin(async move {
             // BLMOVE's timeout has millisecond resolution and 0 means "forever".
             let element = if timeout < Duration::from_millis(1) {
-                self.run::<Option<Vec<u8>>>(
-                    &self.inner.commands,
-                    redis::cmd("LMOVE")
-                        .arg(queue)
-                        .arg(processing_list(queue))
-                        .arg("LEFT")
-                        .arg("RIGHT"),
-                )
-                .await?
+                self.reserve_nonblocking(queue).await?
             } else {
                 self.reserve_blocking(queue, timeout).await?
             };
