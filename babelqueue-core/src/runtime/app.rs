@@ -572,7 +572,12 @@ impl App {
         let mut stats = Stats::default();
         let mut merge = |done: Result<Stats, tokio::task::JoinError>| match done {
             Ok(s) => stats.merge(&s),
-            Err(e) => tracing::error!(error = %e, "consumer worker failed"),
+            Err(e) => {
+                // A bug, not a handler failure (those are caught): stop rather than let a
+                // drain wait for the lost worker. Its message stays in processing.
+                tracing::error!(error = %e, "consumer worker failed; stopping");
+                shared.halt();
+            }
         };
         tokio::select! {
             biased;
