@@ -367,3 +367,155 @@ async fn an_unreachable_server_is_an_error() {
         .expect_err("nothing listens on port 1");
     assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
 }
+
+/// A TLS-only `redis-server` on a free port with a throwaway CA; killed and cleaned up
+/// on drop.
+struct TlsRedis {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl TlsRedis {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("bq-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let openssl = |args: &[&str]| {
+            let st = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .expect("openssl must be on PATH");
+            assert!(st.success(), "openssl {args:?}");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=babelqueue-test-ca",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write san.ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ]);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+            ])
+            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+            .args(["--save", "", "--appendonly", "no"])
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH");
+        let server = TlsRedis { child, dir, port };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the TLS redis-server did not start (built without TLS?)");
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server (built with TLS) and openssl on PATH; CI runs it with --include-ignored"]
+async fn rediss_urls_connect_over_tls() -> Result<(), RedisStoreError> {
+    let server = TlsRedis::start();
+    let url = format!("rediss://127.0.0.1:{}/0", server.port);
+    let ca = std::fs::read(server.dir.join("ca.crt")).expect("ca.crt");
+
+    // Trusting the test CA: a working store over TLS.
+    let client = redis::Client::build_with_tls(
+        url.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca),
+        },
+    )?;
+    let store = RedisStore::from_client(client).await?;
+    store.remember("over-tls").await?;
+    assert!(store.seen("over-tls").await?);
+    let Claim::Acquired(t) =
+        AsyncLeaseStore::claim(&store, "lease-over-tls", Duration::from_secs(5)).await?
+    else {
+        panic!("a fresh id must be acquired")
+    };
+    assert!(store.complete("lease-over-tls", &t, None).await?);
+
+    // A plain rediss:// URL verifies against the system roots, which do not know the
+    // test CA: an error (not a panic, not a silent plaintext fallback).
+    let err = RedisStore::builder(&url)
+        .retries(0)
+        .connect()
+        .await
+        .expect_err("an unknown CA must be rejected");
+    assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
+    Ok(())
+}

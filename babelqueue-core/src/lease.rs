@@ -73,6 +73,11 @@ pub struct InFlight {
 }
 
 /// A blocking store that can claim ids atomically.
+///
+/// While a claim is held (not yet completed or released, lease not ended), `seen`
+/// reports the id as seen, which is how the shared Redis and PostgreSQL layouts show it to
+/// every SDK's seen-set consumer; `forget` drops a held claim (its holder can then no
+/// longer complete it). `babelqueue_core::testing` (feature `testing`) checks all of this.
 pub trait LeaseStore: Store {
     /// Atomically: completed → [`Claim::Completed`]; held under an unexpired lease →
     /// [`Claim::InFlight`]; otherwise claim it for `lease` → [`Claim::Acquired`].

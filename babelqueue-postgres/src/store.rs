@@ -449,7 +449,11 @@ impl AsyncStore for PostgresStore {
         self.remember_for(id, None)
     }
 
-    async fn remember_for(&self, id: &str, ttl: Option<Duration>) -> Result<(), PostgresStoreError> {
+    async fn remember_for(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> Result<(), PostgresStoreError> {
         self.claim(id, ttl).await.map(|_| ())
     }
 
