@@ -403,7 +403,7 @@ async fn shutdown_mid_burst_loses_nothing() {
             }
         });
     let mut ids = Vec::new();
-    for i in 0..300 {
+    for i in 0..1000 {
         ids.push(app.publish(CHARGE, &json!({"i": i})).await.unwrap().meta.id);
     }
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -416,13 +416,13 @@ async fn shutdown_mid_burst_loses_nothing() {
             .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     tx.send(()).unwrap();
     let stats = worker.await.unwrap();
 
     let handled = handled.lock().unwrap().clone();
     assert!(
-        !handled.is_empty() && handled.len() < 300,
+        !handled.is_empty() && handled.len() < 1000,
         "stopped mid-burst: {}",
         handled.len()
     );
@@ -441,7 +441,7 @@ async fn shutdown_mid_burst_loses_nothing() {
         .iter()
         .map(|b| Envelope::decode(b).unwrap().meta.id)
         .collect();
-    assert_eq!(handled.len() + left.len(), 300);
+    assert_eq!(handled.len() + left.len(), 1000);
     let mut all: Vec<String> = handled.iter().chain(&left).cloned().collect();
     all.sort();
     ids.sort();
