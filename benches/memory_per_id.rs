@@ -25,7 +25,10 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -65,19 +68,25 @@ fn main() {
         }
         s
     });
-    measure("InMemoryStore ttl 24h + capacity 2M, UUID ids", &uuids, |ids| {
-        let s = InMemoryStore::builder()
-            .ttl(Duration::from_secs(86_400))
-            .capacity(2 * N)
-            .build();
-        for id in ids {
-            Store::remember(&s, id).unwrap();
-        }
-        s
-    });
-    measure("HashSet<String> (baseline), 14-byte text ids", &texts, |ids| {
-        ids.iter().cloned().collect::<HashSet<String>>()
-    });
+    measure(
+        "InMemoryStore ttl 24h + capacity 2M, UUID ids",
+        &uuids,
+        |ids| {
+            let s = InMemoryStore::builder()
+                .ttl(Duration::from_secs(86_400))
+                .capacity(2 * N)
+                .build();
+            for id in ids {
+                Store::remember(&s, id).unwrap();
+            }
+            s
+        },
+    );
+    measure(
+        "HashSet<String> (baseline), 14-byte text ids",
+        &texts,
+        |ids| ids.iter().cloned().collect::<HashSet<String>>(),
+    );
     measure("InMemoryStore::new(), 14-byte text ids", &texts, |ids| {
         let s = InMemoryStore::new();
         for id in ids {
@@ -85,5 +94,8 @@ fn main() {
         }
         s
     });
-    println!("ratio InMemoryStore / HashSet<String> (UUID ids): {:.2}", store / baseline);
+    println!(
+        "ratio InMemoryStore / HashSet<String> (UUID ids): {:.2}",
+        store / baseline
+    );
 }

@@ -9,9 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use babelqueue::{
-    DedupeKey, Envelope, InMemoryStore, Outcome, Store, guard, guard_async,
-};
+use babelqueue::{DedupeKey, Envelope, InMemoryStore, Outcome, Store, guard, guard_async};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
@@ -52,17 +50,25 @@ fn main() -> ExitCode {
     {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("conformance: cannot read {}/manifest.json: {e}", dir.display());
+            eprintln!(
+                "conformance: cannot read {}/manifest.json: {e}",
+                dir.display()
+            );
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("conformance: running manifest {}", dir.join("manifest.json").display());
+    eprintln!(
+        "conformance: running manifest {}",
+        dir.join("manifest.json").display()
+    );
     if let Some(obj) = manifest.as_object() {
         for key in obj.keys() {
             let note = match key.as_str() {
                 "schema_version" | "description" | "cases" | "idempotency" => continue,
                 "redis" => "run by tests/redis_transport.rs (needs a Redis server)",
-                "payload_schema" => "not run: this SDK has no payload validator (optional, ADR-0024)",
+                "payload_schema" => {
+                    "not run: this SDK has no payload validator (optional, ADR-0024)"
+                }
                 _ => "not run: this SDK has no such transport",
             };
             eprintln!("conformance: block `{key}`: {note}");
@@ -86,7 +92,10 @@ fn trials(dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
     let mut out = Vec::new();
     let cases = manifest["cases"].as_array().ok_or("no `cases` array")?;
     for case in cases {
-        let name = case["name"].as_str().ok_or("a case has no name")?.to_owned();
+        let name = case["name"]
+            .as_str()
+            .ok_or("a case has no name")?
+            .to_owned();
         let case = case.clone();
         let dir = dir.to_owned();
         out.push(Trial::test(format!("envelope::{name}"), move || {
@@ -103,7 +112,10 @@ fn trials(dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
     }
     if let Some(seqs) = idem["sequences"]["cases"].as_array() {
         for seq in seqs {
-            let name = seq["name"].as_str().ok_or("a sequence has no name")?.to_owned();
+            let name = seq["name"]
+                .as_str()
+                .ok_or("a sequence has no name")?
+                .to_owned();
             let s1 = seq.clone();
             out.push(Trial::test(
                 format!("idempotency::sequence::{name}::sync"),
@@ -152,7 +164,11 @@ fn envelope_case(dir: &Path, case: &Value) -> Result<(), Failed> {
     check_eq("urn", &Value::from(env.urn()), &expect["urn"])?;
     check_eq("data", &Value::Object(env.data.clone()), &expect["data"])?;
     check_eq("attempts", &Value::from(env.attempts), &expect["attempts"])?;
-    check_eq("lang", &Value::from(env.meta.lang.as_str()), &expect["lang"])?;
+    check_eq(
+        "lang",
+        &Value::from(env.meta.lang.as_str()),
+        &expect["lang"],
+    )?;
     check_eq(
         "schema_version",
         &Value::from(env.meta.schema_version),
@@ -302,7 +318,9 @@ fn sequence_sync(seq: &Value) -> Result<(), Failed> {
         if let Ok(outcome) = &result
             && outcome.ran() != ran
         {
-            return Err(fail(format!("delivery {i}: Outcome {outcome:?} but ran = {ran}")));
+            return Err(fail(format!(
+                "delivery {i}: Outcome {outcome:?} but ran = {ran}"
+            )));
         }
         check_delivery(i, d, ran, result.is_ok())?;
     }
@@ -339,7 +357,9 @@ fn sequence_async(seq: &Value) -> Result<(), Failed> {
             if let Ok(outcome) = &result
                 && (*outcome == Outcome::Skipped) == ran
             {
-                return Err(fail(format!("delivery {i}: Outcome {outcome:?} but ran = {ran}")));
+                return Err(fail(format!(
+                    "delivery {i}: Outcome {outcome:?} but ran = {ran}"
+                )));
             }
             check_delivery(i, d, ran, result.is_ok())?;
         }

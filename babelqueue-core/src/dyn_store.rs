@@ -69,7 +69,9 @@ pub struct DynStore {
 
 impl std::fmt::Debug for DynStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DynStore").field("backend", &self.name).finish()
+        f.debug_struct("DynStore")
+            .field("backend", &self.name)
+            .finish()
     }
 }
 

@@ -89,4 +89,6 @@ macro_rules! int_key {
         }
     )*};
 }
-int_key!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+int_key!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
