@@ -12,8 +12,6 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::guard::{
@@ -151,28 +149,6 @@ where
     }
 }
 
-/// The future of an async guarded handler.
-///
-/// A concrete, bound-free type (the guard's future, boxed): awaiting it can never fail
-/// to type-check, so a store that does not fit gives one error (at `store = ...`) instead
-/// of a second one at the `.await`. The one allocation per delivery is small next to a
-/// store round trip.
-#[must_use = "futures do nothing unless awaited"]
-pub struct GuardFuture<'a, R>(BoxFuture<'a, R>);
-
-impl<R> Future for GuardFuture<'_, R> {
-    type Output = R;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
-        self.get_mut().0.as_mut().poll(cx)
-    }
-}
-
-impl<R> std::fmt::Debug for GuardFuture<'_, R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GuardFuture")
-    }
-}
-
 /// The guard of an async `#[idempotent]` handler returning `R`, for a store `Self`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a seen-set store an async handler can use",
@@ -181,36 +157,27 @@ impl<R> std::fmt::Debug for GuardFuture<'_, R> {
 )]
 pub trait AsyncGuard<R> {
     /// Runs `body` under the guard.
-    fn guard<'a, Fut>(
-        &'a self,
+    fn guard<Fut: Future<Output = R>>(
+        &self,
         key: Option<String>,
         ttl: Option<Duration>,
         body: Fut,
-    ) -> GuardFuture<'a, R>
-    where
-        Fut: Future<Output = R> + Send + 'a,
-        R: Send + 'a;
+    ) -> impl Future<Output = R>;
 }
 
 impl<S, R> AsyncGuard<R> for S
 where
     S: AsyncSeenSetStore + ?Sized,
-    R: IdempotentReturn<Error: Send>,
+    R: IdempotentReturn,
     S: AsyncStoreFits<R::Kind>,
 {
-    fn guard<'a, Fut>(
-        &'a self,
+    async fn guard<Fut: Future<Output = R>>(
+        &self,
         key: Option<String>,
         ttl: Option<Duration>,
         body: Fut,
-    ) -> GuardFuture<'a, R>
-    where
-        Fut: Future<Output = R> + Send + 'a,
-        R: Send + 'a,
-    {
-        GuardFuture(Box::pin(async move {
-            R::from_guard(guard_async_ttl(self, key, ttl, body).await)
-        }))
+    ) -> R {
+        R::from_guard(guard_async_ttl(self, key, ttl, body).await)
     }
 }
 
@@ -256,38 +223,29 @@ where
 )]
 pub trait AsyncLeaseGuard<R> {
     /// Runs `body` under the lease-mode guard.
-    fn guard<'a, Fut>(
-        &'a self,
+    fn guard<Fut: Future<Output = R>>(
+        &self,
         key: Option<String>,
         lease: Duration,
         ttl: Option<Duration>,
         body: Fut,
-    ) -> GuardFuture<'a, R>
-    where
-        Fut: Future<Output = R> + Send + 'a,
-        R: Send + 'a;
+    ) -> impl Future<Output = R>;
 }
 
 impl<S, R> AsyncLeaseGuard<R> for S
 where
     S: AsyncClaimStore + ?Sized,
-    R: IdempotentReturn<Error: AcceptsInFlight + Send>,
+    R: IdempotentReturn<Error: AcceptsInFlight>,
     S: AsyncStoreFits<R::Kind>,
 {
-    fn guard<'a, Fut>(
-        &'a self,
+    async fn guard<Fut: Future<Output = R>>(
+        &self,
         key: Option<String>,
         lease: Duration,
         ttl: Option<Duration>,
         body: Fut,
-    ) -> GuardFuture<'a, R>
-    where
-        Fut: Future<Output = R> + Send + 'a,
-        R: Send + 'a,
-    {
-        GuardFuture(Box::pin(async move {
-            R::from_guard(guard_lease_async(self, key, lease, ttl, body).await)
-        }))
+    ) -> R {
+        R::from_guard(guard_lease_async(self, key, lease, ttl, body).await)
     }
 }
 
@@ -321,37 +279,43 @@ impl<T: DedupeKey + ?Sized> KeySource for T {
     }
 }
 
-/// A return type a `#[handler]` may have.
+/// A return type a `#[handler]` may have, and how the router runs such a handler.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a return type #[handler] supports",
-    label = "the router needs `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync + 'static`",
-    note = "a handler reports success or failure to the runtime (ack, retry, dead-letter); return `Result<(), E>` with an error type implementing `std::error::Error`"
+    label = "the router needs `()` or `Result<(), E>` where `E` implements `std::error::Error + Send + Sync + 'static`",
+    note = "the runtime acks, retries or dead-letters on the handler's result and records its error; derive `thiserror::Error` (or implement `std::error::Error`) for the error type"
 )]
-pub trait RoutableReturn: HandlerResult<Error: Into<BoxError>> + Send + 'static {}
+pub trait RoutableReturn: Sized {
+    /// Runs a sync `#[handler]` for the router.
+    fn route_sync<F>(f: F) -> BoxFuture<'static, HandlerOutput>
+    where
+        F: FnOnce() -> Self + Send + 'static;
 
+    /// Runs an async `#[handler]` for the router.
+    fn route_async<Fut>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
+    where
+        Fut: Future<Output = Self> + Send + 'static;
+}
+
+#[diagnostic::do_not_recommend]
 impl<R> RoutableReturn for R
 where
     R: HandlerResult + Send + 'static,
     R::Error: Into<BoxError>,
 {
-}
+    fn route_sync<F>(f: F) -> BoxFuture<'static, HandlerOutput>
+    where
+        F: FnOnce() -> Self + Send + 'static,
+    {
+        run_sync(f)
+    }
 
-/// Runs a sync `#[handler]` for the router.
-pub fn route_sync<F, R>(f: F) -> BoxFuture<'static, HandlerOutput>
-where
-    F: FnOnce() -> R + Send + 'static,
-    R: RoutableReturn,
-{
-    run_sync(f)
-}
-
-/// Runs an async `#[handler]` for the router.
-pub fn route_async<Fut, R>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
-where
-    Fut: Future<Output = R> + Send + 'static,
-    R: RoutableReturn,
-{
-    run_async(fut)
+    fn route_async<Fut>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
+    where
+        Fut: Future<Output = Self> + Send + 'static,
+    {
+        run_async(fut)
+    }
 }
 
 /// Boxes an async handler's future, for the `Deref` to a fn pointer that keeps

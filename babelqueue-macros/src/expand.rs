@@ -76,6 +76,21 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
+/// `<Ret as RoutableReturn>::` with the user's own tokens for `Ret`, so an error about
+/// the return type underlines all of it.
+fn routable(ret_ty: &TokenStream, private: &TokenStream, first: Span, last: Span) -> TokenStream {
+    let open = quote_spanned!(first=> <);
+    let rest = respan(quote!(as #private::RoutableReturn>::), last);
+    quote!(#open #ret_ty #rest)
+}
+
+/// `path(args)` spanning from `path`'s first token to `last`.
+fn spanned_call(path: TokenStream, args: TokenStream, last: Span) -> TokenStream {
+    let mut group = Group::new(Delimiter::Parenthesis, args);
+    group.set_span(last);
+    quote!(#path #group)
+}
+
 /// `&(expr)` whose span is exactly the user's `expr`.
 fn borrow_spanned(expr: &impl ToTokens) -> TokenStream {
     let (first, last) = first_last(expr);
@@ -179,12 +194,48 @@ fn guarded_fn(
     let mut args_group = args_group;
     args_group.set_span(last);
     let path = respan(quote!(#private::#trait_name::<#ret_ty>::guard), first);
-    let await_ = if is_async {
-        quote_spanned!(last=> .await)
+    let call = quote!(#path #args_group);
+    let call = if is_async {
+        // Awaited through `poll_fn`, all spanned at the store: the guard's future is
+        // boxed and polled in a closure whose obligations carry the store's span, so a
+        // store that does not fit is reported once. (An `.await` on the guard's future,
+        // or `pin!`, would repeat the error at a desugared span rustc does not merge with
+        // the first.) The box keeps the future's `Send`-ness: it is not a `dyn`.
+        // A `match` keeps the temporaries of `store = ...` (e.g. `&*STORE`) alive until the
+        // guard's future completes.
+        let mut pinned = Group::new(Delimiter::Parenthesis, call);
+        pinned.set_span(last);
+        let pin = respan(quote!(::std::boxed::Box::pin), first);
+        let poll = respan(
+            quote! {
+                ::core::future::poll_fn(move |__babelqueue_cx| {
+                    ::core::future::Future::poll(
+                        ::core::pin::Pin::as_mut(&mut __babelqueue_guard),
+                        __babelqueue_cx,
+                    )
+                })
+            },
+            first,
+        );
+        let await_ = quote_spanned!(last=> .await);
+        let arm = respan(quote!(mut __babelqueue_guard =>), first);
+        // The `match` itself keeps the macro's span: it is glue, and lints about a
+        // `match` in tail position must not point at `store = ...`.
+        let arms = Group::new(Delimiter::Brace, quote!(#arm #poll #await_));
+        quote!(match #pin #pinned #arms)
     } else {
-        TokenStream::new()
+        call
     };
-    let call = quote!(#path #args_group #await_);
+    // A `()` sync body ends with a statement, so lints such as
+    // `semicolon_if_nothing_returned` stay quiet on the expansion (the async one ends
+    // with a `match`, which needs none).
+    let call = match &shape.ret {
+        Return::Unit if !is_async => {
+            let semi = quote_spanned!(last=> ;);
+            quote!(#call #semi)
+        }
+        _ => call,
+    };
     let body = quote! {
         #(#inner)*
         let __babelqueue_key = #key_call;
@@ -267,7 +318,9 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
         EnvRef::Owned => quote!('static),
         EnvRef::Shared | EnvRef::Mut => quote!('_),
     };
-    let (ret_first, _) = match &sig.output {
+    // The router's call is spanned at the return type: a return type the router cannot
+    // report (an error that is not a `std::error::Error`) is reported there.
+    let (ret_first, ret_last) = match &sig.output {
         syn::ReturnType::Type(_, t) => first_last(t),
         syn::ReturnType::Default => first_last(&name),
     };
@@ -281,11 +334,14 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
             static __BABELQUEUE_HANDLER: #target = __babelqueue_boxed;
             &__BABELQUEUE_HANDLER
         };
-        let route = quote_spanned!(ret_first=> #private::route_async);
+        let route = routable(&ret_ty, &private, ret_first, ret_last);
+        let method = quote_spanned!(ret_last=> route_async);
+        let route = quote!(#route #method);
         let call_body = match shape.env {
-            EnvRef::Owned => quote!(#route(#inner_name(envelope))),
-            _ => quote!(#route(async move { #inner_name(#env_arg).await })),
+            EnvRef::Owned => quote!(#inner_name(envelope)),
+            _ => quote!(async move { #inner_name(#env_arg).await }),
         };
+        let call_body = spanned_call(route, call_body, ret_last);
         (target, deref_body, call_body)
     } else {
         let target = quote!(fn(#env_ty) -> #ret_ty);
@@ -293,8 +349,10 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
             static __BABELQUEUE_HANDLER: #target = #inner_name;
             &__BABELQUEUE_HANDLER
         };
-        let route = quote_spanned!(ret_first=> #private::route_sync);
-        let call_body = quote!(#route(move || #inner_name(#env_arg)));
+        let route = routable(&ret_ty, &private, ret_first, ret_last);
+        let method = quote_spanned!(ret_last=> route_sync);
+        let route = quote!(#route #method);
+        let call_body = spanned_call(route, quote!(move || #inner_name(#env_arg)), ret_last);
         (target, deref_body, call_body)
     };
 

@@ -1,10 +1,9 @@
-//! Procedural macros of BabelQueue: `#[idempotent]` and `#[handler]`.
+//! Procedural macros of BabelQueue: [`#[idempotent]`](macro@idempotent) and
+//! [`#[handler]`](macro@handler).
 //!
 //! Use them through the `babelqueue` facade (`babelqueue::idempotent`,
-//! `babelqueue::handler`), whose documentation describes every argument, every supported
-//! form and what the expansion does. This crate only turns tokens into a call of the
-//! runtime's hidden `__private` module: all behaviour lives (and is tested) in
-//! `babelqueue-core`.
+//! `babelqueue::handler`). This crate only turns tokens into one call of the runtime's
+//! hidden `__private` module: all behaviour lives (and is tested) in `babelqueue-core`.
 //!
 //! Layout: `attr` parses the arguments (each with its span), `validate` checks the
 //! shape of the fn, `expand` generates the code, `krate` finds the runtime crate.
@@ -18,16 +17,227 @@ mod validate;
 
 use proc_macro::TokenStream;
 
-/// Guards a handler fn with the idempotency guard: a delivery whose key (by default the
-/// envelope's `meta.id`) was already processed is skipped. See `babelqueue::idempotent`
-/// for the full documentation.
+/// Makes a message handler idempotent: a delivery whose key (by default the envelope's
+/// `meta.id`) was already handled is skipped.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use babelqueue::{Envelope, InMemoryStore, idempotent};
+///
+/// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("card declined")]
+/// pub struct ChargeError;
+///
+/// #[idempotent(store = STORE)]
+/// fn charge(env: &Envelope) -> Result<(), ChargeError> {
+///     println!("charging {}", env.data["amount"]);
+///     Ok(())
+/// }
+///
+/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+/// charge(&env)?; // charges
+/// charge(&env)?; // the same meta.id again (a redelivery): skipped, returns Ok(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// An `async fn` works the same way, with an [`AsyncStore`] (the Redis and PostgreSQL
+/// stores are async only; `InMemoryStore` is both):
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use babelqueue::{Envelope, InMemoryStore, idempotent};
+///
+/// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+/// static CHARGES: AtomicU32 = AtomicU32::new(0);
+///
+/// #[idempotent(store = STORE, ttl = "24h")]
+/// async fn charge(env: &Envelope) -> Result<(), std::io::Error> {
+///     CHARGES.fetch_add(1, Ordering::SeqCst);
+///     Ok(())
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+/// charge(&env).await?;
+/// charge(&env).await?;
+/// assert_eq!(CHARGES.load(Ordering::SeqCst), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # What the expansion does
+///
+/// The fn keeps its attributes, visibility, generics, where-clause, receiver and
+/// signature exactly as written; only its body is replaced. In plain words, the new body:
+///
+/// 1. computes the key first, as an owned string: `key = ...` if given, else the `meta.id`
+///    of the fn's `Envelope` / `&Envelope` parameter;
+/// 2. hands the store, the key, the `ttl` and your original body (wrapped in a closure,
+///    or an async closure for an `async fn`, so `return` and `?` mean what they meant) to
+///    the guard of `babelqueue-core` ([`guard_ttl`] / [`guard_async_ttl`], or
+///    [`guard_lease`] / [`guard_lease_async`] with `lease = ...`);
+/// 3. returns what the guard decided: your body's own result when it ran, `Ok(())` (or
+///    `()`) when the key had been seen, the store's error (converted into yours) when the
+///    store could not answer.
+///
+/// For the sync `charge` above it is, give or take paths:
+///
+/// ```text
+/// fn charge(env: &Envelope) -> Result<(), ChargeError> {
+///     let __babelqueue_key = KeySource::owned_key(&*env);           // env.meta.id
+///     SyncGuard::<Result<(), ChargeError>>::guard(&(STORE), __babelqueue_key, None, || {
+///         println!("charging {}", env.data["amount"]);               // your body
+///         Ok(())
+///     })
+/// }
+/// ```
+///
+/// The guard is the contract every BabelQueue SDK shares: no usable key → the body runs
+/// and nothing is remembered (fail open); key seen → skip; otherwise run, and remember
+/// the key only if the body succeeded (a failure leaves it open for the retry); a failing
+/// `seen` returns the store's error so the message is retried. It is post-success
+/// dedupe, not a lock: two workers may run the same id at the same moment, unless you use
+/// `lease = ...`.
+///
+/// # Arguments
+///
+/// | argument | meaning |
+/// | --- | --- |
+/// | `store = <expr>` | **Required.** The seen-set store: any expression, evaluated on every call and borrowed for it: a `static` (`std::sync::LazyLock` or `once_cell::sync::Lazy`), a path (`stores::PAYMENTS`), `&*STORE`, a field (`self.store`), a parameter, a function call, an `Arc`. A sync fn needs a [`Store`], an `async fn` an [`AsyncStore`]. |
+/// | `key = <expr>` | The dedupe key instead of `meta.id`, with the fn's parameters in scope: a business id such as `key = env.data.get("payment_id")`, because a client that retries publishes a *new* message with a new `meta.id`. Any [`DedupeKey`]: strings, integers, `Uuid`, JSON values, `Option`s of them. An absent or empty key fails open (the body runs). With `key`, the fn needs no `Envelope` parameter. |
+/// | `ttl = "24h"` | How long the key stays remembered, where the store supports expiry (default: the store's own). A literal checked at compile time: a number and a unit (`ms`, `s`, `m`, `h`, `d`), or several, largest first: `"500ms"`, `"30s"`, `"15m"`, `"7d"`, `"1h30m"`. |
+/// | `lease = "30s"` | Lease mode: claim the key atomically before running, so two workers never run it at the same moment; the claim expires by itself after the lease (a crashed worker does not block the id forever). A key in flight elsewhere returns [`InFlight`] (converted into your error, so it must implement `From<InFlight>`): do not ack, retry later. Needs a [`LeaseStore`] / [`AsyncLeaseStore`] and a `Result<(), E>` return. |
+/// | `crate = <path>` | Where the runtime is, for crates that re-export babelqueue (`crate = my_platform::queue`). By default the macro reads your `Cargo.toml`: `::babelqueue` (or its renamed name), else `::babelqueue_core` when you depend on the core crate only. |
+///
+/// # Supported forms
+///
+/// - sync `fn` and `async fn` (the async store is awaited, never blocking the executor);
+/// - the envelope as `Envelope`, `&Envelope` or `&mut Envelope`, at any position among
+///   other parameters (any type path ending in `Envelope`);
+/// - free fns, and methods with `&self`, `&mut self` or `self` in `impl` blocks; generic
+///   fns, `impl Trait` arguments, where-clauses, lifetimes;
+/// - return type `()` (only with a store that cannot fail, such as `InMemoryStore`) or
+///   `Result<(), E>` where the store's error converts into `E` (any `E` with an
+///   infallible store); `?` and early `return` behave exactly as before;
+/// - any other attributes, above or below: doc comments, `#[cfg]`, `#[allow]`, inner
+///   attributes, `#[tracing::instrument]`, `#[handler]`; any visibility.
+///
+/// A `const fn` or an `unsafe fn` is rejected (the guard calls the store at run time; the
+/// runtime cannot uphold an unsafe fn's contract). A skipped duplicate has no value to
+/// return, so `Result<T, E>` with `T` other than `()` is rejected too.
+///
+/// # Costs and limits
+///
+/// - An `async fn` allocates one box per call for the guard's future; this is what lets a
+///   store that does not fit be reported once, at `store = ...`. The future stays `Send`
+///   when your body's is.
+/// - The store expression is borrowed for the whole call. With `&mut self`, a body that
+///   mutates other fields of `self` is fine (`store = self.store` borrows only that
+///   field), but a body calling a `&mut self` method while `store = self.store` is a
+///   borrow conflict: keep the store outside `self`, or in an `Arc` (`store =
+///   self.store.clone()`).
+///
+/// # Compile-time errors
+///
+/// Each error points at the offending tokens and says what to write instead: a missing
+/// `store`; a bare `#[idempotent(STORE)]`; an unknown argument (with the valid ones and
+/// a "did you mean"); an argument given twice; a malformed `ttl`/`lease` literal or a
+/// non-literal one; the attribute on something that is not a fn with a body; no
+/// `Envelope` parameter and no `key`; two `Envelope` parameters and no `key`; an unnamed
+/// envelope parameter (`_: &Envelope`); `const fn`; `unsafe fn`; a return type other
+/// than `()` / `Result<(), E>`; `lease` with a `()` return; and, from the type checker,
+/// with the message naming your expression: a `store` that is not a store, a sync-only
+/// store on an `async fn` or an async-only store on a sync fn, a `()` return with a store
+/// that can fail, a store error that does not convert into your error, a store without
+/// claims in lease mode, an error without `From<InFlight>` in lease mode, a `key` that is
+/// not a [`DedupeKey`].
+///
+/// [`Store`]: https://docs.rs/babelqueue/latest/babelqueue/trait.Store.html
+/// [`AsyncStore`]: https://docs.rs/babelqueue/latest/babelqueue/trait.AsyncStore.html
+/// [`LeaseStore`]: https://docs.rs/babelqueue/latest/babelqueue/trait.LeaseStore.html
+/// [`AsyncLeaseStore`]: https://docs.rs/babelqueue/latest/babelqueue/trait.AsyncLeaseStore.html
+/// [`DedupeKey`]: https://docs.rs/babelqueue/latest/babelqueue/trait.DedupeKey.html
+/// [`InFlight`]: https://docs.rs/babelqueue/latest/babelqueue/struct.InFlight.html
+/// [`guard_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_ttl.html
+/// [`guard_async_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_async_ttl.html
+/// [`guard_lease`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_lease.html
+/// [`guard_lease_async`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_lease_async.html
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
 }
 
-/// Declares the URN a handler fn serves, so `Router::register(handler)` learns it. See
-/// `babelqueue::handler` for the full documentation.
+/// Declares the URN a handler serves, next to the handler, so a `Router` learns it from
+/// the handler itself: `router.register(charge)`.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use babelqueue::{Envelope, InMemoryStore, Outcome, Router, handler, idempotent};
+///
+/// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("card declined")]
+/// pub struct ChargeError;
+///
+/// /// Charges a payment, once per `meta.id`.
+/// #[handler("urn:babel:payments:charge")]
+/// #[idempotent(store = STORE)]
+/// async fn charge(env: &Envelope) -> Result<(), ChargeError> {
+///     Ok(())
+/// }
+///
+/// /// Records a refund (sync handlers work too).
+/// #[handler("urn:babel:payments:refund")]
+/// fn refund(env: &Envelope) {}
+///
+/// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+///
+/// // A unit test calls the handler directly, as before.
+/// charge(&env).await?;
+///
+/// // The router learns both URNs from the handlers: no URN is written twice.
+/// let router = Router::new().register(charge).register(refund);
+/// let outcome = router.dispatch(env).await?.map_err(|e| e.to_string())?;
+/// assert_eq!(outcome, Some(Outcome::Skipped)); // the direct call above handled it
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # What the expansion does
+///
+/// `#[handler("urn:babel:payments:charge")] fn charge(env: &Envelope) -> R { ... }`
+/// becomes:
+///
+/// - your fn, unchanged but renamed `__babelqueue_handler_charge` and private, keeping
+///   every other attribute (a `#[idempotent]` below or above still applies to it);
+/// - a type and a constant both named `charge`, with your doc comments (and your `#[cfg]`
+///   attributes) and your visibility. The constant is the value you pass around:
+///   - it implements `Handler`: `urn()` returns the literal, `call()` runs the fn for
+///     the router (a sync fn on tokio's blocking pool, an async fn as a task's future),
+///     reporting whether a guard inside it ran or skipped;
+///   - it dereferences to a fn pointer, so `charge(&env)` (sync) and `charge(&env).await`
+///     (async) keep working: `fn(&Envelope) -> R`, or for an `async fn`
+///     `fn(&Envelope) -> BoxFuture<'_, R>` (by-value `Envelope` parameters stay by value).
+///
+/// # Rules
+///
+/// - the argument is the URN as a string literal: non-empty, no whitespace, starting with
+///   `urn:` and without an empty part (`"urn:babel:payments:charge"`); an optional
+///   `crate = <path>` follows it, as for `#[idempotent]`;
+/// - the handler is a free fn (not a method), not generic, taking exactly one parameter,
+///   the envelope (`Envelope`, `&Envelope` or `&mut Envelope`), sync or `async`;
+/// - it returns `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync +
+///   'static` (what the runtime records when it retries or dead-letters); an async
+///   handler's future must be `Send`.
+///
+/// Each rule broken is a compile error at the offending tokens.
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::handler(args.into(), item.into()).into()

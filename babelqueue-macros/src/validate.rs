@@ -34,7 +34,7 @@ pub enum Return {
     /// No return type, or `()`.
     Unit,
     /// Anything else that passed the syntactic checks (checked by the type system).
-    Typed(Type),
+    Typed(Box<Type>),
 }
 
 impl Return {
@@ -226,7 +226,7 @@ fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
         }
         Type::Path(p) if p.qself.is_none() => {
             let Some(last) = p.path.segments.last() else {
-                return Return::Typed(ty.clone());
+                return Return::Typed(Box::new(ty.clone()));
             };
             let name = last.ident.to_string();
             if name == "Result" {
@@ -234,12 +234,24 @@ fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
                     && let Some(syn::GenericArgument::Type(ok)) = args.args.first()
                     && !is_unit(ok)
                 {
+                    let suggestion = match args.args.iter().nth(1) {
+                        Some(err) => format!("Result<(), {}>", tokens_text(err)),
+                        None => {
+                            let path: Vec<String> = p
+                                .path
+                                .segments
+                                .iter()
+                                .map(|s| s.ident.to_string())
+                                .collect();
+                            format!("{}<()>", path.join("::"))
+                        }
+                    };
                     errors.push(syn::Error::new_spanned(
                         ok,
                         format!(
-                            "a skipped duplicate does not run the body, so it has no `{}` to \
-                             return: an idempotent handler returns `Result<(), E>` (or `()`); \
-                             keep a result you need in your own storage",
+                            "#[idempotent] handlers return `Result<(), E>` or `()`: a skipped \
+                             duplicate does not run the body, so it has no `{}` to return; write \
+                             `{suggestion}` and keep a result you need in your own storage",
                             tokens_text(ok)
                         ),
                     ));
@@ -274,7 +286,7 @@ fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
         Type::Path(_) | Type::Macro(_) | Type::Verbatim(_) => {}
         _ => unsupported(errors, ty),
     }
-    Return::Typed(ty.clone())
+    Return::Typed(Box::new(ty.clone()))
 }
 
 fn peel(ty: &Type) -> &Type {
@@ -386,7 +398,7 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
                 ));
                 ok = false;
             }
-            Return::Typed((**ty).clone())
+            Return::Typed(ty.clone())
         }
     };
     let (env, env_ty) = env?;

@@ -1,0 +1,13 @@
+use std::sync::LazyLock;
+
+use babelqueue::{Envelope, InMemoryStore, idempotent};
+
+static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+static OTHER: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+
+#[idempotent(store = STORE, store = OTHER)]
+fn charge(env: &Envelope) {
+    let _ = env;
+}
+
+fn main() {}

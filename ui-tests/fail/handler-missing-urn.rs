@@ -1,0 +1,8 @@
+use babelqueue::{Envelope, handler};
+
+#[handler]
+fn charge(env: &Envelope) {
+    let _ = env;
+}
+
+fn main() {}

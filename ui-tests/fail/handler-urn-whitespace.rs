@@ -1,0 +1,8 @@
+use babelqueue::{Envelope, handler};
+
+#[handler("urn:babel:payments: charge")]
+fn charge(env: &Envelope) {
+    let _ = env;
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use std::sync::LazyLock;
+
+use babelqueue::{Envelope, InMemoryStore, idempotent};
+
+static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+
+#[idempotent(store = STORE)]
+fn charge(_: &Envelope) {}
+
+fn main() {}
