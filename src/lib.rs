@@ -10,6 +10,12 @@
 
 pub use babelqueue_core::*;
 
+#[doc(inline)]
+pub use babelqueue_macros::idempotent;
+
+#[doc(inline)]
+pub use babelqueue_macros::handler;
+
 /// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).
 #[cfg(feature = "redis")]
 pub use babelqueue_redis as redis;
