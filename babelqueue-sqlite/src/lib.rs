@@ -51,6 +51,12 @@ pub const DEFAULT_TABLE: &str = "babelqueue_idempotency";
 pub const DDL: &str = include_str!("../sql/babelqueue_idempotency.sql");
 
 /// Default number of pooled connections (see [`SqliteStoreBuilder::connections`]).
+///
+/// Chosen by measurement (`cargo bench --bench stores`, 4 threads doing `seen` +
+/// `remember` on a 2-core machine, two interleaved rounds): 1 connection 5.2k / 4.4k
+/// messages/s, 2: 7.9k / 6.8k, 4: 9.3k / 6.9k, 8: 8.7k / 5.3k. Serialising writes on an
+/// in-process mutex in front of SQLite's own lock measured slower (4.8k / 3.5k with 4
+/// connections), so writers simply wait in SQLite's busy handler.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 
 /// Default busy timeout: how long a statement waits for another connection or process
