@@ -93,23 +93,19 @@ impl DynStore {
 impl AsyncStore for DynStore {
     type Error = DynStoreError;
 
-    fn seen(&self, id: &str) -> impl Future<Output = Result<bool, DynStoreError>> + Send {
-        async move { self.inner.seen(id).await }
+    async fn seen(&self, id: &str) -> Result<bool, DynStoreError> {
+        self.inner.seen(id).await
     }
 
-    fn remember(&self, id: &str) -> impl Future<Output = Result<(), DynStoreError>> + Send {
-        async move { self.inner.remember_for(id, None).await }
+    async fn remember(&self, id: &str) -> Result<(), DynStoreError> {
+        self.inner.remember_for(id, None).await
     }
 
-    fn remember_for(
-        &self,
-        id: &str,
-        ttl: Option<Duration>,
-    ) -> impl Future<Output = Result<(), DynStoreError>> + Send {
-        async move { self.inner.remember_for(id, ttl).await }
+    async fn remember_for(&self, id: &str, ttl: Option<Duration>) -> Result<(), DynStoreError> {
+        self.inner.remember_for(id, ttl).await
     }
 
-    fn forget(&self, id: &str) -> impl Future<Output = Result<(), DynStoreError>> + Send {
-        async move { self.inner.forget(id).await }
+    async fn forget(&self, id: &str) -> Result<(), DynStoreError> {
+        self.inner.forget(id).await
     }
 }
