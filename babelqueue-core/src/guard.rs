@@ -201,7 +201,10 @@ where
         handler().into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    if store.seen(&key).map_err(IntoHandlerError::into_handler_error)? {
+    if store
+        .seen(&key)
+        .map_err(IntoHandlerError::into_handler_error)?
+    {
         return Ok(skipped(&key));
     }
     handler().into_result()?;
@@ -255,7 +258,11 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    if store.seen(&key).await.map_err(IntoHandlerError::into_handler_error)? {
+    if store
+        .seen(&key)
+        .await
+        .map_err(IntoHandlerError::into_handler_error)?
+    {
         return Ok(skipped(&key));
     }
     handler.await.into_result()?;
@@ -313,9 +320,17 @@ where
         handler().into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let token = match store.claim(&key, lease).map_err(IntoHandlerError::into_handler_error)? {
+    let token = match store
+        .claim(&key, lease)
+        .map_err(IntoHandlerError::into_handler_error)?
+    {
         Claim::Completed => return Ok(skipped(&key)),
-        Claim::InFlight => return Err(InFlight { id: key.into_owned() }.into()),
+        Claim::InFlight => {
+            return Err(InFlight {
+                id: key.into_owned(),
+            }
+            .into());
+        }
         Claim::Acquired(token) => token,
     };
     match handler().into_result() {
@@ -359,9 +374,18 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let token = match store.claim(&key, lease).await.map_err(IntoHandlerError::into_handler_error)? {
+    let token = match store
+        .claim(&key, lease)
+        .await
+        .map_err(IntoHandlerError::into_handler_error)?
+    {
         Claim::Completed => return Ok(skipped(&key)),
-        Claim::InFlight => return Err(InFlight { id: key.into_owned() }.into()),
+        Claim::InFlight => {
+            return Err(InFlight {
+                id: key.into_owned(),
+            }
+            .into());
+        }
         Claim::Acquired(token) => token,
     };
     match handler.await.into_result() {
