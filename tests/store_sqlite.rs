@@ -124,6 +124,9 @@ fn tables_in_one_file_are_separate_stores() -> Result<(), SqliteStoreError> {
     Ok(())
 }
 
+/// `created_at`, `expires_at`, `lease_token`, `lease_expires_at` of one row.
+type RawRow = (i64, Option<i64>, Option<String>, Option<i64>);
+
 #[test]
 fn file_is_in_wal_mode_with_the_documented_layout() -> Result<(), Box<dyn std::error::Error>> {
     let file = Scratch::new();
@@ -141,7 +144,7 @@ fn file_is_in_wal_mode_with_the_documented_layout() -> Result<(), Box<dyn std::e
     let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
     assert_eq!(mode, "wal");
     let now = babelqueue::now_millis();
-    let row = |id: &str| -> rusqlite::Result<(i64, Option<i64>, Option<String>, Option<i64>)> {
+    let row = |id: &str| -> rusqlite::Result<RawRow> {
         raw.query_row(
             "SELECT created_at, expires_at, lease_token, lease_expires_at \
              FROM babelqueue_idempotency WHERE message_id = ?1",
