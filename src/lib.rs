@@ -29,3 +29,9 @@ pub use babelqueue_postgres as postgres;
 /// (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 pub use babelqueue_sqlite as sqlite;
+
+/// The code blocks of `README.md`, compiled (and run, where they need no server) as
+/// doctests so the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
