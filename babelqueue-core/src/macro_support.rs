@@ -98,12 +98,18 @@ impl CannotFail for Infallible {}
 /// `S` implements the store trait the guard needs. The impls are `do_not_recommend`, so
 /// a `store = ...` expression that is not a store gets the message of the guard trait
 /// (naming the user's expression), not a list of every store type in the crate graph.
+/// The store's error is reached through the marker (`StoreError`) for the same reason.
 macro_rules! store_marker {
     ($($marker:ident: $store:ident;)*) => {$(
         #[doc = concat!("Implemented by every [`", stringify!($store), "`].")]
-        pub trait $marker: $store {}
+        pub trait $marker: $store<Error = <Self as $marker>::StoreError> {
+            /// The store's error type.
+            type StoreError: std::error::Error + Send + Sync + 'static;
+        }
         #[diagnostic::do_not_recommend]
-        impl<S: $store + ?Sized> $marker for S {}
+        impl<S: $store + ?Sized> $marker for S {
+            type StoreError = S::Error;
+        }
     )*};
 }
 
@@ -116,16 +122,63 @@ store_marker! {
 
 /// The store's error fits the handler's return kind `K`: for `Result<(), E>` it converts
 /// into `E`; for `()` the store cannot fail.
+///
+/// Checked in two steps (`SeenSetStore`, then `StoreErrorFits`) so that an expression that
+/// is not a store at all is reported as such, before its error type is looked at.
 pub trait StoreFits<K: ReturnKind>: Store<Error: IntoHandlerError<K::Error>> {}
 
-impl<S: Store + ?Sized> StoreFits<UnitKind> for S where S::Error: CannotFail {}
-impl<S: Store + ?Sized, E> StoreFits<ResultKind<E>> for S where S::Error: ConvertsInto<E> {}
+impl<S, K> StoreFits<K> for S
+where
+    S: SeenSetStore + ?Sized,
+    K: ReturnKind,
+    S: SeenSetStoreErrorFits<K>,
+{
+}
 
 /// The async store's error fits the handler's return kind `K`.
 pub trait AsyncStoreFits<K: ReturnKind>: AsyncStore<Error: IntoHandlerError<K::Error>> {}
 
-impl<S: AsyncStore + ?Sized> AsyncStoreFits<UnitKind> for S where S::Error: CannotFail {}
-impl<S: AsyncStore + ?Sized, E> AsyncStoreFits<ResultKind<E>> for S where S::Error: ConvertsInto<E> {}
+impl<S, K> AsyncStoreFits<K> for S
+where
+    S: AsyncSeenSetStore + ?Sized,
+    K: ReturnKind,
+    S: AsyncSeenSetStoreErrorFits<K>,
+{
+}
+
+/// The error of the store `Self` fits `K`.
+pub trait SeenSetStoreErrorFits<K: ReturnKind>:
+    SeenSetStore<StoreError: StoreErrorFits<K>>
+{
+}
+
+impl<S, K> SeenSetStoreErrorFits<K> for S
+where
+    S: SeenSetStore + ?Sized,
+    K: ReturnKind,
+    <S as SeenSetStore>::StoreError: StoreErrorFits<K>,
+{
+}
+
+/// The error of the async store `Self` fits `K`.
+pub trait AsyncSeenSetStoreErrorFits<K: ReturnKind>:
+    AsyncSeenSetStore<StoreError: StoreErrorFits<K>>
+{
+}
+
+impl<S, K> AsyncSeenSetStoreErrorFits<K> for S
+where
+    S: AsyncSeenSetStore + ?Sized,
+    K: ReturnKind,
+    <S as AsyncSeenSetStore>::StoreError: StoreErrorFits<K>,
+{
+}
+
+/// A store error type that fits the return kind `K`.
+pub trait StoreErrorFits<K: ReturnKind>: IntoHandlerError<K::Error> {}
+
+impl<Err: CannotFail> StoreErrorFits<UnitKind> for Err {}
+impl<Err: ConvertsInto<E>, E> StoreErrorFits<ResultKind<E>> for Err {}
 
 /// The guard of a sync `#[idempotent]` handler returning `R`, for a store `Self`.
 #[diagnostic::on_unimplemented(

@@ -91,12 +91,39 @@ fn spanned_call(path: TokenStream, args: TokenStream, last: Span) -> TokenStream
     quote!(#path #group)
 }
 
-/// `&(expr)` whose span is exactly the user's `expr`.
-fn borrow_spanned(expr: &impl ToTokens) -> TokenStream {
+/// `&expr` whose span is exactly the user's `expr`: rustc underlines all of it, from
+/// the `&` (spanned at its first token) to its last token. Parentheses are added only
+/// where precedence needs them (`&(a + b)`); they carry the last token's span.
+fn borrow_spanned(expr: &Expr) -> TokenStream {
     let (first, last) = first_last(expr);
+    let amp = quote_spanned!(first=> &);
+    if binds_tighter_than_borrow(expr) {
+        return quote!(#amp #expr);
+    }
     let mut group = Group::new(Delimiter::Parenthesis, expr.to_token_stream());
     group.set_span(last);
-    quote_spanned!(first=> & #group)
+    quote!(#amp #group)
+}
+
+/// Whether `&expr` borrows all of `expr` without parentheses.
+fn binds_tighter_than_borrow(expr: &Expr) -> bool {
+    matches!(
+        expr,
+        Expr::Path(_)
+            | Expr::Field(_)
+            | Expr::Call(_)
+            | Expr::MethodCall(_)
+            | Expr::Index(_)
+            | Expr::Paren(_)
+            | Expr::Macro(_)
+            | Expr::Lit(_)
+            | Expr::Reference(_)
+            | Expr::Unary(_)
+            | Expr::Block(_)
+            | Expr::Tuple(_)
+            | Expr::Array(_)
+            | Expr::Struct(_)
+    )
 }
 
 fn duration(d: &attr::DurationArg) -> TokenStream {

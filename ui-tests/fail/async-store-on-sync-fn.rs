@@ -19,9 +19,11 @@ impl AsyncStore for RemoteStore {
     }
 }
 
-static STORE: RemoteStore = RemoteStore;
+fn remote() -> RemoteStore {
+    RemoteStore
+}
 
-#[idempotent(store = STORE)]
+#[idempotent(store = remote())]
 fn charge(env: &Envelope) {
     let _ = env;
 }

@@ -1,4 +1,5 @@
 use std::convert::Infallible;
+use std::sync::LazyLock;
 
 use babelqueue::{Envelope, Store, idempotent};
 
@@ -18,7 +19,7 @@ impl Store for BlockingStore {
     }
 }
 
-static STORE: BlockingStore = BlockingStore;
+static STORE: LazyLock<BlockingStore> = LazyLock::new(|| BlockingStore);
 
 #[idempotent(store = STORE)]
 async fn charge(env: &Envelope) {
