@@ -14,6 +14,9 @@ static REFUNDED: AtomicU32 = AtomicU32::new(0);
 static CREATED: AtomicU32 = AtomicU32::new(0);
 static SHIPPED: AtomicU32 = AtomicU32::new(0);
 
+/// The tests share the handlers' counters: they take turns.
+static COUNTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[derive(Debug, thiserror::Error)]
 #[error("card declined for {0}")]
 pub struct Declined(String);
@@ -88,6 +91,7 @@ fn each_handler_carries_its_urn() {
 
 #[tokio::test]
 async fn direct_calls_still_work() {
+    let _turn = COUNTERS.lock().await;
     let before = CREATED.load(Ordering::SeqCst);
     order_created(envelope("urn:babel:orders:created", serde_json::json!({}))).unwrap();
     assert_eq!(CREATED.load(Ordering::SeqCst), before + 1);
@@ -119,6 +123,7 @@ async fn direct_calls_still_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_dispatches_to_sync_and_async_handlers() {
+    let _turn = COUNTERS.lock().await;
     let r = router();
 
     // Async, guarded: ran, then skipped as a duplicate.
@@ -165,6 +170,7 @@ async fn router_dispatches_to_sync_and_async_handlers() {
 
 #[tokio::test]
 async fn handler_errors_and_unknown_urns_reach_the_caller() {
+    let _turn = COUNTERS.lock().await;
     let r = router();
     let declined = envelope(
         "urn:babel:payments:charge",

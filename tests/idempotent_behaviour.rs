@@ -168,7 +168,7 @@ static TTL_STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 static TTL_RUNS: AtomicU32 = AtomicU32::new(0);
 static FOREVER_RUNS: AtomicU32 = AtomicU32::new(0);
 
-#[idempotent(store = TTL_STORE, ttl = "150ms")]
+#[idempotent(store = TTL_STORE, ttl = "500ms")]
 fn short_lived(env: &Envelope) {
     let _ = env;
     TTL_RUNS.fetch_add(1, Ordering::SeqCst);
@@ -192,13 +192,13 @@ fn ttl_reaches_the_store() {
         1,
         "remembered within the ttl"
     );
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(Duration::from_millis(800));
     short_lived(&a);
     remembered_forever(&b);
     assert_eq!(
         TTL_RUNS.load(Ordering::SeqCst),
         2,
-        "the id expired after 150ms"
+        "the id expired after 500ms"
     );
     assert_eq!(
         FOREVER_RUNS.load(Ordering::SeqCst),

@@ -211,7 +211,8 @@ fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
             what,
             format!(
                 "#[idempotent] handlers return `()` or `Result<(), E>`: a skipped duplicate does \
-                 not run the body, so it has no `{}` to return",
+                 not run the body, so it has no `{}` to return; return `Result<(), E>` and keep \
+                 a value you need in your own storage",
                 tokens_text(what)
             ),
         ));
