@@ -2,7 +2,7 @@
 //!
 //! The heart of BabelQueue for Rust: the canonical wire [`Envelope`] shared with the Go,
 //! Python, PHP, Java, Node and .NET SDKs, the seen-set [`Store`] / [`AsyncStore`] traits,
-//! the process-local [`InMemoryStore`], the idempotency [`guard`] that `#[idempotent]`
+//! the process-local [`InMemoryStore`], the idempotency [`guard()`] that `#[idempotent]`
 //! expands to, and the [`Router`] of handlers.
 //!
 //! Most users depend on the `babelqueue` facade crate, which re-exports all of this plus

@@ -3,7 +3,7 @@
 //! A store answers one question: "was this id processed?". It has three operations,
 //! `seen`, `remember` and `forget`, each fallible with the store's own error type. A store
 //! that cannot fail (the [`InMemoryStore`](crate::InMemoryStore)) uses
-//! [`Infallible`](std::convert::Infallible), which is what lets a handler returning `()` use
+//! [`Infallible`], which is what lets a handler returning `()` use
 //! it.
 //!
 //! # Why two traits
