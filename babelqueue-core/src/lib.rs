@@ -35,6 +35,7 @@ pub mod lease;
 mod macro_support;
 pub mod memory;
 pub mod runtime;
+pub mod sql;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -130,28 +130,15 @@ impl TableName {
     pub fn ddl(&self) -> String {
         let (table, index) = (self.sql(), self.index_sql());
         let default_index = format!("{DEFAULT_TABLE}_expires_at_idx");
-        let mut out = String::with_capacity(DDL.len() + 64);
-        let mut word = String::new();
-        let flush = |word: &mut String, out: &mut String| {
+        babelqueue_core::sql::rename_identifiers(DDL, |word| {
             if word == DEFAULT_TABLE {
-                out.push_str(&table);
-            } else if *word == default_index {
-                out.push_str(&index);
+                Some(table.clone())
+            } else if word == default_index {
+                Some(index.clone())
             } else {
-                out.push_str(word);
+                None
             }
-            word.clear();
-        };
-        for c in DDL.chars() {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                word.push(c);
-            } else {
-                flush(&mut word, &mut out);
-                out.push(c);
-            }
-        }
-        flush(&mut word, &mut out);
-        out
+        })
     }
 }
 

@@ -119,28 +119,15 @@ fn validate_table(name: &str) -> Result<String, SqliteStoreError> {
 /// The shipped DDL with the table and index identifiers replaced (whole tokens only).
 fn render_ddl(table: &str) -> String {
     let index = format!("{DEFAULT_TABLE}_expires_at_idx");
-    let mut out = String::with_capacity(DDL.len() + 64);
-    let mut word = String::new();
-    let flush = |word: &mut String, out: &mut String| {
+    babelqueue_core::sql::rename_identifiers(DDL, |word| {
         if word == DEFAULT_TABLE {
-            out.push_str(&format!("\"{table}\""));
-        } else if *word == index {
-            out.push_str(&format!("\"{table}_expires_at_idx\""));
+            Some(format!("\"{table}\""))
+        } else if word == index {
+            Some(format!("\"{table}_expires_at_idx\""))
         } else {
-            out.push_str(word);
+            None
         }
-        word.clear();
-    };
-    for c in DDL.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' {
-            word.push(c);
-        } else {
-            flush(&mut word, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut word, &mut out);
-    out
+    })
 }
 
 #[derive(Debug)]
