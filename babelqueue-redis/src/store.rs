@@ -203,7 +203,7 @@ impl RedisStoreBuilder {
     }
 
     /// Parses the URL (`redis://[user][:password@]host[:port][/db]`, or `rediss://` for
-    /// TLS) and connects.
+    /// TLS with the `rustls` feature) and connects.
     pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
         let client = Client::open(self.url.as_str())?;
         let config = manager_config(self.connection_timeout, self.response_timeout, self.retries);
@@ -223,11 +223,12 @@ fn manager_config(
     retries: usize,
 ) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(connection_timeout)
-        .set_response_timeout(response_timeout)
+        .set_connection_timeout(Some(connection_timeout))
+        .set_response_timeout(Some(response_timeout))
         .set_number_of_retries(retries)
-        .set_factor(2)
-        .set_max_delay(1000)
+        .set_min_delay(Duration::from_millis(2))
+        .set_exponent_base(2.0)
+        .set_max_delay(Duration::from_secs(1))
 }
 
 fn millis(d: Duration) -> u64 {

@@ -105,7 +105,7 @@ struct Inner {
 /// A [`Transport`] over Redis lists (SPEC section 5). Cheap to clone; clones share the
 /// connections.
 ///
-/// URLs: `redis://[user][:password@]host[:port][/db]`, and `rediss://` for TLS.
+/// URLs: `redis://[user][:password@]host[:port][/db]`, and `rediss://` for TLS (feature `rustls`).
 ///
 /// ```no_run
 /// use babelqueue_core::runtime::App;
@@ -126,8 +126,8 @@ impl std::fmt::Debug for RedisTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let info = self.inner.client.get_connection_info();
         f.debug_struct("RedisTransport")
-            .field("addr", &info.addr)
-            .field("db", &info.redis.db)
+            .field("addr", info.addr())
+            .field("db", &info.redis_settings().db())
             .finish_non_exhaustive()
     }
 }
@@ -139,6 +139,8 @@ impl RedisTransport {
     /// ```
     /// use babelqueue_redis::RedisTransport;
     /// assert!(RedisTransport::open("redis://:secret@localhost:6379/2").is_ok());
+    /// // `rediss://` (TLS) needs the `rustls` feature.
+    /// # #[cfg(feature = "rustls")]
     /// assert!(RedisTransport::open("rediss://user:secret@redis.example:6380/0").is_ok());
     /// assert!(RedisTransport::open("http://localhost").is_err());
     /// ```
@@ -167,10 +169,14 @@ impl RedisTransport {
 
     fn with_client(client: Client, connect: Duration, response: Duration) -> Self {
         let commands = AsyncConnectionConfig::new()
-            .set_connection_timeout(connect)
-            .set_response_timeout(response);
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(response));
         // Blocking commands are bounded per call instead (their own timeout + `response`).
-        let blocking = AsyncConnectionConfig::new().set_connection_timeout(connect);
+        // (redis 1.x defaults to a 500 ms response timeout, which would cut a blocking
+        // reserve short.)
+        let blocking = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(None);
         RedisTransport {
             inner: Arc::new(Inner {
                 client,
