@@ -6,6 +6,15 @@
 //!
 //! This is the facade crate: it re-exports [`babelqueue_core`] and, behind cargo
 //! features, the backends (`redis`, `postgres`, `sqlite`).
+//!
+//! ## A note on `serde_json` features
+//!
+//! The wire envelope keeps the key order of `data` and round-trips floats exactly, so this
+//! crate turns on `serde_json`'s `preserve_order` and `float_roundtrip` features. Cargo
+//! unifies features across a build: in an application that depends on babelqueue,
+//! **every** `serde_json::Map` keeps insertion order (an `IndexMap` instead of a
+//! `BTreeMap`, so maps no longer iterate sorted) and float parsing is the exact, slightly
+//! slower algorithm. Code that relied on sorted map iteration should sort explicitly.
 #![warn(missing_docs)]
 
 pub use babelqueue_core::*;
