@@ -237,12 +237,11 @@ impl Transport for InMemoryTransport {
     }
 
     fn ack<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<(), TransportError>> {
-        if let Some(q) = self.lock().get_mut(delivery.queue()) {
-            if let Some((_, element)) = q.processing.remove(&delivery.tag()) {
-                if !q.recoveries.is_empty() {
-                    q.recoveries.remove(&element);
-                }
-            }
+        if let Some(q) = self.lock().get_mut(delivery.queue())
+            && let Some((_, element)) = q.processing.remove(&delivery.tag())
+            && !q.recoveries.is_empty()
+        {
+            q.recoveries.remove(&element);
         }
         Box::pin(std::future::ready(Ok(())))
     }
