@@ -11,17 +11,20 @@ use tokio::time::Instant;
 use super::transport::{Delivery, Recovered, Transport, TransportError};
 use crate::handler::BoxFuture;
 
+/// Elements are shared with the deliveries handed out, so a large body is not copied.
+type Elem = Arc<Vec<u8>>;
+
 #[derive(Default)]
 struct QueueState {
-    ready: VecDeque<Vec<u8>>,
+    ready: VecDeque<Elem>,
     /// In-flight messages by delivery tag (ordered by reservation), with their consumer.
-    processing: BTreeMap<u64, (u64, Vec<u8>)>,
+    processing: BTreeMap<u64, (u64, Elem)>,
     /// Delayed messages by (due time, sequence).
-    delayed: BTreeMap<(Instant, u64), Vec<u8>>,
+    delayed: BTreeMap<(Instant, u64), Elem>,
     /// Heartbeat expiry per consumer id.
     heartbeats: HashMap<u64, Instant>,
     /// How many times an element was recovered from dead consumers.
-    recoveries: HashMap<Vec<u8>, u32>,
+    recoveries: HashMap<Elem, u32>,
 }
 
 impl QueueState {
@@ -131,7 +134,7 @@ impl InMemoryTransport {
     pub fn delayed(&self, queue: &str) -> Vec<Vec<u8>> {
         self.lock()
             .get(queue)
-            .map(|q| q.delayed.values().cloned().collect())
+            .map(|q| q.delayed.values().map(|e| e.to_vec()).collect())
             .unwrap_or_default()
     }
 
@@ -162,7 +165,7 @@ impl InMemoryTransport {
     pub fn messages(&self, queue: &str) -> Vec<Vec<u8>> {
         self.lock()
             .get(queue)
-            .map(|q| q.ready.iter().cloned().collect())
+            .map(|q| q.ready.iter().map(|e| e.to_vec()).collect())
             .unwrap_or_default()
     }
 
@@ -170,7 +173,7 @@ impl InMemoryTransport {
     pub fn processing(&self, queue: &str) -> Vec<Vec<u8>> {
         self.lock()
             .get(queue)
-            .map(|q| q.processing.values().map(|(_, e)| e.clone()).collect())
+            .map(|q| q.processing.values().map(|(_, e)| e.to_vec()).collect())
             .unwrap_or_default()
     }
 
@@ -180,8 +183,8 @@ impl InMemoryTransport {
         q.promote(Instant::now(), usize::MAX);
         let element = q.ready.pop_front()?;
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed) + 1;
-        q.processing.insert(tag, (self.consumer, element.clone()));
-        Some(Delivery::new(queue, element, tag))
+        q.processing.insert(tag, (self.consumer, Arc::clone(&element)));
+        Some(Delivery::from_shared(queue, element, tag))
     }
 
     fn next_due_now(&self, queue: &str) -> Option<Duration> {
@@ -201,7 +204,7 @@ impl Transport for InMemoryTransport {
             .entry(queue.to_owned())
             .or_default()
             .ready
-            .push_back(element);
+            .push_back(Arc::new(element));
         self.inner.notify.notify_waiters();
         Box::pin(std::future::ready(Ok(())))
     }
@@ -256,6 +259,7 @@ impl Transport for InMemoryTransport {
             let mut queues = self.lock();
             let q = queues.entry(delivery.queue().to_owned()).or_default();
             q.processing.remove(&delivery.tag());
+            let element = Arc::new(element);
             if delay.is_zero() {
                 q.ready.push_back(element);
             } else {
@@ -326,10 +330,10 @@ impl Transport for InMemoryTransport {
                 let Some((_, element)) = q.processing.remove(&tag) else {
                     continue;
                 };
-                let count = q.recoveries.entry(element.clone()).or_insert(0);
+                let count = q.recoveries.entry(Arc::clone(&element)).or_insert(0);
                 if *count >= max_recoveries {
-                    q.processing.insert(tag, (me, element.clone()));
-                    out.exhausted.push(Delivery::new(queue, element, tag));
+                    q.processing.insert(tag, (me, Arc::clone(&element)));
+                    out.exhausted.push(Delivery::from_shared(queue, element, tag));
                 } else {
                     *count += 1;
                     q.ready.push_back(element);

@@ -1,6 +1,7 @@
 //! The [`Transport`] trait a broker binding implements, the reserved [`Delivery`], and the
 //! header frame shared by the list-based transports.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -69,7 +70,7 @@ impl TransportError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
     queue: String,
-    element: Vec<u8>,
+    element: Arc<Vec<u8>>,
     tag: u64,
     frame: Option<(Headers, Vec<u8>)>,
 }
@@ -78,6 +79,12 @@ impl Delivery {
     /// Wraps a reserved element. `tag` is a transport-specific receipt (e.g. a delivery
     /// tag); list transports that ack by element use `0`. A header frame is unwrapped.
     pub fn new(queue: impl Into<String>, element: Vec<u8>, tag: u64) -> Self {
+        Self::from_shared(queue, Arc::new(element), tag)
+    }
+
+    /// Like [`new`](Self::new), sharing the element's buffer with the caller (an in-process
+    /// transport keeps its in-flight copy without duplicating a large body).
+    pub fn from_shared(queue: impl Into<String>, element: Arc<Vec<u8>>, tag: u64) -> Self {
         let frame = unframe(&element);
         Delivery {
             queue: queue.into(),
@@ -85,6 +92,11 @@ impl Delivery {
             tag,
             frame,
         }
+    }
+
+    /// The element's shared buffer.
+    pub fn shared_element(&self) -> &Arc<Vec<u8>> {
+        &self.element
     }
 
     /// The queue the message was reserved from.
