@@ -309,10 +309,18 @@ async fn unknown_urn_strategies() {
     let started = tokio::time::Instant::now();
     let s = app.drain().await.unwrap();
     assert_eq!((s.released, s.dead_lettered, s.unknown_urn), (3, 1, 4));
-    assert!(started.elapsed() >= Duration::from_secs(6), "{:?}", started.elapsed());
-    assert_eq!((t.len("q"), t.processing_len("q"), t.delayed_len("q")), (0, 0, 0));
+    assert!(
+        started.elapsed() >= Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (t.len("q"), t.processing_len("q"), t.delayed_len("q")),
+        (0, 0, 0)
+    );
     let dlq = t.messages("q.dlq");
-    let frame = babelqueue::runtime::unframe(&dlq[0]).expect("the release count travels in a frame");
+    let frame =
+        babelqueue::runtime::unframe(&dlq[0]).expect("the release count travels in a frame");
     assert_eq!(frame.0[babelqueue::runtime::RELEASES_HEADER], 3);
     let dead = json_of(&frame.1);
     assert_eq!(dead["dead_letter"]["reason"], "unknown_urn");

@@ -306,7 +306,8 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
                             stats.transport_errors += 1;
                             tracing::warn!(%error, "promoting delayed messages failed");
                             // Try again soon.
-                            let at = ctx.due_mark(now + cfg.backoff_max.min(Duration::from_secs(1)));
+                            let at =
+                                ctx.due_mark(now + cfg.backoff_max.min(Duration::from_secs(1)));
                             ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
                             break;
                         }
