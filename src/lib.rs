@@ -16,6 +16,7 @@
 //! `BTreeMap`, so maps no longer iterate sorted) and float parsing is the exact, slightly
 //! slower algorithm. Code that relied on sorted map iteration should sort explicitly.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use babelqueue_core::*;
 
@@ -27,16 +28,19 @@ pub use babelqueue_macros::handler;
 
 /// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use babelqueue_redis as redis;
 
 /// The PostgreSQL backend: [`PostgresStore`](babelqueue_postgres::PostgresStore)
 /// (feature `postgres`).
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use babelqueue_postgres as postgres;
 
 /// The embedded SQLite backend: [`SqliteStore`](babelqueue_sqlite::SqliteStore)
 /// (feature `sqlite`).
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use babelqueue_sqlite as sqlite;
 
 /// The code blocks of `README.md`, compiled (and run, where they need no server) as

@@ -39,6 +39,9 @@ pub enum PostgresStoreError {
     /// The claim statement answered something it never returns.
     #[error("postgres store: unexpected claim state {0:?}")]
     UnexpectedClaimState(String),
+    /// The TLS settings (`sslmode`, `sslrootcert`, roots) cannot be honoured.
+    #[error("postgres store: TLS settings")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 babelqueue_core::handler_error_from!(PostgresStoreError);
@@ -181,6 +184,7 @@ pub struct PostgresStoreBuilder {
     ttl: Option<Duration>,
     pool_size: usize,
     timeout: Duration,
+    tls: crate::tls::TlsSettings,
 }
 
 impl PostgresStoreBuilder {
@@ -214,26 +218,77 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Validates the table name, parses the URL and builds the pool. Connections are
-    /// opened on first use; call [`PostgresStore::migrate`] (which also proves the
+    /// The TLS mode, overriding the URL's `sslmode` (libpq's meaning; see [`SslMode`]).
+    ///
+    /// [`SslMode`]: crate::SslMode
+    #[must_use]
+    pub fn ssl_mode(mut self, mode: crate::SslMode) -> Self {
+        self.tls.mode = Some(mode);
+        self
+    }
+
+    /// Trusts the PEM certificates in `pem` (one or more `BEGIN CERTIFICATE` blocks) as
+    /// roots for the server certificate, in addition to the URL's `sslrootcert` file.
+    /// With a root configured, every TLS mode verifies the chain (as libpq does);
+    /// `verify-full` also checks the host name. Checked by [`connect`](Self::connect).
+    ///
+    /// ```no_run
+    /// use babelqueue_postgres::{PostgresStore, SslMode};
+    /// # async fn demo() -> Result<(), babelqueue_postgres::PostgresStoreError> {
+    /// let ca = std::fs::read("/etc/ssl/my-db-ca.pem").expect("CA file");
+    /// let store = PostgresStore::builder("postgres://app@db.internal:5432/app")
+    ///     .ssl_mode(SslMode::VerifyFull)
+    ///     .root_certificates_pem(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
+    #[must_use]
+    pub fn root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_pem.push(pem.into());
+        self
+    }
+
+    /// Connects with this rustls configuration whenever TLS is used (client
+    /// certificates, other roots, another crypto provider); `sslmode` still decides
+    /// whether TLS is required, but the certificate checks are entirely the
+    /// configuration's (`sslrootcert` and [`root_certificates_pem`](Self::root_certificates_pem)
+    /// are then ignored).
+    #[cfg(feature = "rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
+    #[must_use]
+    pub fn tls_config(mut self, config: rustls::ClientConfig) -> Self {
+        self.tls.client_config = Some(std::sync::Arc::new(config));
+        self
+    }
+
+    /// Validates the table name, parses the URL (including `sslmode` and
+    /// `sslrootcert`, see [`SslMode`](crate::SslMode)) and builds the pool. Connections
+    /// are opened on first use; call [`PostgresStore::migrate`] (which also proves the
     /// server is reachable) before serving.
     pub async fn connect(self) -> Result<PostgresStore, PostgresStoreError> {
         let table = TableName::parse(&self.table)?;
+        let (url, tls_params) = crate::tls::split_params(&self.url)?;
         let mut config =
-            tokio_postgres::Config::from_str(&self.url).map_err(PostgresStoreError::InvalidUrl)?;
+            tokio_postgres::Config::from_str(&url).map_err(PostgresStoreError::InvalidUrl)?;
+        let (ssl_mode, connector) = crate::tls::resolve(tls_params, &self.tls)?;
+        config.ssl_mode(ssl_mode);
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(self.timeout);
         }
         if config.get_application_name().is_none() {
             config.application_name("babelqueue-rs");
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match connector {
+            crate::tls::Connector::Plain => Manager::from_config(config, NoTls, manager_config),
+            #[cfg(feature = "rustls")]
+            crate::tls::Connector::Rustls(tls) => Manager::from_config(config, tls, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
@@ -263,6 +318,7 @@ impl PostgresStore {
             ttl: None,
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
+            tls: crate::tls::TlsSettings::default(),
         }
     }
 
