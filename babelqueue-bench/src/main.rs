@@ -29,8 +29,8 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::App;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError,
-    guard_async, guard_lease_async,
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, guard_async,
+    guard_lease_async,
 };
 use clap::{Parser, ValueEnum};
 use rand::SeedableRng;
@@ -95,6 +95,10 @@ struct Args {
     /// Runtime worker threads (default: the number of cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Only load the shuffled workload onto the queue (after emptying its lists) and exit:
+    /// how `scripts/perf-vs-python.sh` gives another consumer the same bytes.
+    #[arg(long)]
+    preload_only: bool,
 }
 
 /// One run's figures.
@@ -246,6 +250,19 @@ where
         })
 }
 
+/// Empties the queue's lists and pushes `bodies` onto the queue (not timed).
+async fn preload(conn: &mut MultiplexedConnection, bodies: &[Vec<u8>]) -> Result<(), BoxError> {
+    clear_queue(conn).await?;
+    for chunk in bodies.chunks(1000) {
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(QUEUE)
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
+    }
+    Ok(())
+}
+
 async fn one_run<S>(
     args: &Args,
     bodies: &[Vec<u8>],
@@ -256,14 +273,7 @@ where
     S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
     S::Error: IntoHandlerError<BoxError>,
 {
-    clear_queue(raw).await?;
-    for chunk in bodies.chunks(1000) {
-        let _: i64 = redis::cmd("RPUSH")
-            .arg(QUEUE)
-            .arg(chunk)
-            .query_async(raw)
-            .await?;
-    }
+    preload(raw, bodies).await?;
     let transport = RedisTransport::connect(&args.url).await?;
     let effects = Arc::new(AtomicU64::new(0));
     let app = consumer(
@@ -314,6 +324,11 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     let mut raw = redis::Client::open(args.url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
+    if args.preload_only {
+        preload(&mut raw, &bodies).await?;
+        println!("preloaded={} queue={QUEUE}", bodies.len());
+        return Ok(());
+    }
     let tmp = std::env::temp_dir().join(format!("bq-bench-{}", uuid::Uuid::new_v4().simple()));
     let mut runs = Vec::with_capacity(args.runs);
     for i in 0..args.runs {
