@@ -1,0 +1,419 @@
+//! `babelqueue-bench`: how fast a consumer drains a Redis queue through the real runtime
+//! ([`App`]), the Redis transport, the idempotency guard and a dedupe store.
+//!
+//! ```text
+//! cargo run --release -p babelqueue-bench -- --n 20000 --dup-frac 0.5 --store redis --concurrency 8 --runs 3
+//! ```
+//!
+//! Workload (the same as `scripts/perf-vs-python.sh` gives the Python SDK): N distinct
+//! envelopes with URN `urn:babel:payments:charge` and data
+//! `{"payment_id":"pay_%08d","amount":4200,"currency":"EUR","customer":"cus_19c2"}`, then
+//! D = round(dup_frac × N) byte-identical copies of D of those originals, the whole list
+//! shuffled with a fixed seed, on the queue `bench:payments`. Loading the list is not timed.
+//!
+//! Each run checks that the handler's effects equal N, that the guard skipped exactly D,
+//! and that every list of the queue is empty afterwards; it counts the Redis commands the
+//! server executed per delivery (`INFO commandstats`, before and after; commands run inside
+//! scripts are counted too, and so is anything else talking to that server at the time).
+//! The last line is
+//! `deliveries=.. msgs_per_s=.. effects=.. skips=.. redis_cmds_per_delivery=..`
+//! with the median run's figures.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use babelqueue::postgres::PostgresStore;
+use babelqueue::redis::redis::{self, aio::MultiplexedConnection};
+use babelqueue::redis::{RedisStore, RedisTransport};
+use babelqueue::runtime::App;
+use babelqueue::sqlite::SqliteStore;
+use babelqueue::{
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, guard_async,
+    guard_lease_async,
+};
+use clap::{Parser, ValueEnum};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+const URN: &str = "urn:babel:payments:charge";
+const QUEUE: &str = "bench:payments";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    /// The process-local in-memory store.
+    Memory,
+    /// A Redis store of the cross-SDK layout (`bq:idemp:<id>`), on the broker's server.
+    Redis,
+    /// The PostgreSQL store (`--postgres-url`).
+    Postgres,
+    /// The embedded SQLite store (a temporary file).
+    Embedded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Post-success dedupe: seen → skip, run, remember.
+    Seen,
+    /// In-flight lease: claim, run, complete.
+    Lease,
+}
+
+/// Drains a pre-loaded Redis queue through babelqueue's runtime, guard and store, and
+/// prints deliveries per second.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Distinct payments.
+    #[arg(long, default_value_t = 20_000)]
+    n: usize,
+    /// Duplicates as a fraction of N (byte-identical copies of that many originals).
+    #[arg(long, default_value_t = 0.5)]
+    dup_frac: f64,
+    /// The dedupe store.
+    #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
+    store: StoreKind,
+    /// Guard mode.
+    #[arg(long, value_enum, default_value_t = Mode::Seen)]
+    mode: Mode,
+    /// Worker tasks of the consumer.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Timed runs; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The broker's Redis (also the Redis store's).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
+    url: String,
+    /// The PostgreSQL store's URL (`--store postgres`).
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    postgres_url: String,
+    /// Seed of the shuffle and of the choice of duplicated payments.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Runtime worker threads (default: the number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Only load the shuffled workload onto the queue (after emptying its lists) and exit:
+    /// how `scripts/perf-vs-python.sh` gives another consumer the same bytes.
+    #[arg(long)]
+    preload_only: bool,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone)]
+struct Run {
+    deliveries: u64,
+    secs: f64,
+    effects: u64,
+    skips: u64,
+    redis_cmds: u64,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.deliveries as f64 / self.secs
+    }
+}
+
+/// The workload: `n` originals plus `round(dup_frac × n)` byte-identical copies, shuffled.
+fn workload(n: usize, dup_frac: f64, seed: u64) -> Result<Vec<Vec<u8>>, BoxError> {
+    if !(0.0..=1.0).contains(&dup_frac) {
+        return Err(format!("--dup-frac must be within 0..=1, got {dup_frac}").into());
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut originals = Vec::with_capacity(n);
+    for i in 0..n {
+        let data = serde_json::json!({
+            "payment_id": format!("pay_{i:08}"),
+            "amount": 4200,
+            "currency": "EUR",
+            "customer": "cus_19c2",
+        });
+        originals.push(Envelope::new(URN, data)?.with_queue(QUEUE).encode());
+    }
+    let d = (dup_frac * n as f64).round() as usize;
+    let mut picks: Vec<usize> = (0..n).collect();
+    picks.shuffle(&mut rng);
+    let mut all = originals.clone();
+    all.extend(picks[..d].iter().map(|&i| originals[i].clone()));
+    all.shuffle(&mut rng);
+    Ok(all)
+}
+
+async fn commands_processed(conn: &mut MultiplexedConnection) -> Result<u64, BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    // Lines like `cmdstat_lrem:calls=3,usec=...`; the INFO calls themselves are left out.
+    let mut total = 0;
+    for line in info.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, stats)) = rest.split_once(':') else {
+            continue;
+        };
+        if name == "info" {
+            continue;
+        }
+        let calls = stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("unexpected INFO commandstats line: {line}"))?;
+        total += calls;
+    }
+    Ok(total)
+}
+
+/// The keys of the queue this library may write, for the emptiness check and clean-up.
+async fn queue_keys(conn: &mut MultiplexedConnection) -> Result<Vec<String>, BoxError> {
+    let mut keys = vec![QUEUE.to_owned(), format!("{QUEUE}:processing")];
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{QUEUE}}}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(keys)
+}
+
+/// Lists and sorted sets of the queue that still hold something: `(key, length)`.
+async fn leftovers(conn: &mut MultiplexedConnection) -> Result<Vec<(String, u64)>, BoxError> {
+    let mut left = Vec::new();
+    for key in queue_keys(conn).await? {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(conn).await?;
+        let len: u64 = match kind.as_str() {
+            "list" => redis::cmd("LLEN").arg(&key).query_async(conn).await?,
+            "zset" => redis::cmd("ZCARD").arg(&key).query_async(conn).await?,
+            _ => 0,
+        };
+        if len > 0 {
+            left.push((key, len));
+        }
+    }
+    Ok(left)
+}
+
+async fn clear_queue(conn: &mut MultiplexedConnection) -> Result<(), BoxError> {
+    for key in queue_keys(conn).await? {
+        let _: i64 = redis::cmd("DEL").arg(&key).query_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Builds the consumer: one handler for the payments URN, guarded by `store` in `mode`,
+/// counting its effects.
+fn consumer<S>(
+    transport: RedisTransport,
+    store: Arc<S>,
+    mode: Mode,
+    concurrency: usize,
+    effects: Arc<AtomicU64>,
+) -> App
+where
+    S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    App::new(transport)
+        .queue(QUEUE)
+        .concurrency(concurrency)
+        .route_async(URN, move |env: Envelope| {
+            let (store, effects) = (store.clone(), effects.clone());
+            async move {
+                let charge = async {
+                    effects.fetch_add(1, Ordering::Relaxed);
+                    Ok::<(), BoxError>(())
+                };
+                match mode {
+                    Mode::Seen => guard_async(&*store, &env, charge).await.map(drop),
+                    Mode::Lease => {
+                        guard_lease_async(&*store, &env, Duration::from_secs(30), None, charge)
+                            .await
+                            .map(drop)
+                    }
+                }
+            }
+        })
+}
+
+/// Empties the queue's lists and pushes `bodies` onto the queue (not timed).
+async fn preload(conn: &mut MultiplexedConnection, bodies: &[Vec<u8>]) -> Result<(), BoxError> {
+    clear_queue(conn).await?;
+    for chunk in bodies.chunks(1000) {
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(QUEUE)
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn one_run<S>(
+    args: &Args,
+    bodies: &[Vec<u8>],
+    store: Arc<S>,
+    raw: &mut MultiplexedConnection,
+) -> Result<Run, BoxError>
+where
+    S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    preload(raw, bodies).await?;
+    let transport = RedisTransport::connect(&args.url).await?;
+    let effects = Arc::new(AtomicU64::new(0));
+    let app = consumer(
+        transport,
+        store,
+        args.mode,
+        args.concurrency,
+        effects.clone(),
+    );
+    let before = commands_processed(raw).await?;
+    let start = Instant::now();
+    let stats = app.drain().await?;
+    let secs = start.elapsed().as_secs_f64();
+    let after = commands_processed(raw).await?;
+    let run = Run {
+        deliveries: stats.processed,
+        secs,
+        effects: effects.load(Ordering::Relaxed),
+        skips: stats.skipped,
+        redis_cmds: after - before,
+    };
+    let n = args.n as u64;
+    let d = bodies.len() as u64 - n;
+    let left = leftovers(raw).await?;
+    // Deliveries deferred because their id was in flight elsewhere (lease mode) come back
+    // and are delivered again: they are counted as deliveries, not as effects or skips.
+    let settled = run.deliveries - stats.deferred;
+    if settled != n + d || run.effects != n || run.skips != d || !left.is_empty() {
+        return Err(format!(
+            "check failed: deliveries={} (want {} + deferred {}), effects={} (want {n}), \
+             skips={} (want {d}), left in the queue's lists: {left:?}; stats: {stats:?}",
+            run.deliveries,
+            n + d,
+            stats.deferred,
+            run.effects,
+            run.skips
+        )
+        .into());
+    }
+    Ok(run)
+}
+
+async fn bench(args: Args) -> Result<(), BoxError> {
+    if args.runs == 0 || args.n == 0 || args.concurrency == 0 {
+        return Err("--n, --runs and --concurrency must be at least 1".into());
+    }
+    let bodies = workload(args.n, args.dup_frac, args.seed)?;
+    let mut raw = redis::Client::open(args.url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    if args.preload_only {
+        preload(&mut raw, &bodies).await?;
+        println!("preloaded={} queue={QUEUE}", bodies.len());
+        return Ok(());
+    }
+    let tmp = std::env::temp_dir().join(format!("bq-bench-{}", uuid::Uuid::new_v4().simple()));
+    let mut runs = Vec::with_capacity(args.runs);
+    for i in 0..args.runs {
+        // A fresh dedupe state per run, so every run sees N first deliveries.
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let run = match args.store {
+            StoreKind::Memory => {
+                one_run(&args, &bodies, Arc::new(InMemoryStore::new()), &mut raw).await?
+            }
+            StoreKind::Redis => {
+                // Go layout under a per-run prefix, expiring on its own.
+                let store = RedisStore::builder(args.url.as_str())
+                    .prefix(format!("bq:idemp:bench:{tag}:"))
+                    .ttl(Duration::from_secs(600))
+                    .connect()
+                    .await?;
+                one_run(&args, &bodies, Arc::new(store), &mut raw).await?
+            }
+            StoreKind::Postgres => {
+                let store = PostgresStore::builder(args.postgres_url.as_str())
+                    .table(format!("bq_bench_{tag}"))
+                    .pool_size(args.concurrency.max(1))
+                    .connect()
+                    .await?;
+                store.migrate().await?;
+                let run = one_run(&args, &bodies, Arc::new(store.clone()), &mut raw).await;
+                let client = store.pool().get().await?;
+                client
+                    .batch_execute(&format!("DROP TABLE IF EXISTS bq_bench_{tag}"))
+                    .await?;
+                run?
+            }
+            StoreKind::Embedded => {
+                std::fs::create_dir_all(&tmp)?;
+                let store = SqliteStore::open(tmp.join(format!("{tag}.sqlite3")))?;
+                one_run(&args, &bodies, Arc::new(store), &mut raw).await?
+            }
+        };
+        eprintln!(
+            "run {}/{}: {} deliveries in {:.3} s = {:.0}/s, effects={} skips={} redis_cmds={}",
+            i + 1,
+            args.runs,
+            run.deliveries,
+            run.secs,
+            run.rate(),
+            run.effects,
+            run.skips,
+            run.redis_cmds
+        );
+        runs.push(run);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    clear_queue(&mut raw).await?;
+    runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+    let median = &runs[runs.len() / 2];
+    println!(
+        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={}",
+        args.store, args.mode, args.concurrency, args.n, args.dup_frac, args.runs
+    );
+    println!(
+        "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2}",
+        median.deliveries,
+        median.rate(),
+        median.effects,
+        median.skips,
+        median.redis_cmds as f64 / median.deliveries as f64
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("babelqueue-bench: cannot start the runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = rt.block_on(bench(args)) {
+        eprintln!("babelqueue-bench: {e}");
+        std::process::exit(1);
+    }
+}

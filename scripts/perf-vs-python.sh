@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The Rust consumer side by side with the upstream Python SDK, on one workload, in one run.
+#
+#   bash scripts/perf-vs-python.sh            # N=20000, DUP_FRAC=0.5, RUNS=3
+#   N=50000 RUNS=5 bash scripts/perf-vs-python.sh
+#
+# What it does, from a fresh machine:
+#   1. makes a venv (target/py-bench-venv) with the upstream SDK from PyPI:
+#      babelqueue==1.24.0 and redis;
+#   2. builds the bench binary (cargo build --release -p babelqueue-bench);
+#   3. starts its OWN redis-server on 127.0.0.1:$PORT (default 17600) pinned to CPU 0
+#      (taskset), and runs every consumer pinned to CPU 1;
+#   4. alternating, RUNS times: the Python SDK's consume loop with idempotency.wrap over a
+#      Redis store of the Go layout (scripts/py_consumer_bench.py), the Rust consumer at
+#      concurrency 1 and 8 (seen-set mode) and 8 (lease mode), each over the same
+#      pre-loaded bytes (babelqueue-bench --preload-only), and `redis-benchmark -c 1` for
+#      the round-trip time;
+#   5. prints a table of medians with ratios, and the one-at-a-time ceiling for 3 round
+#      trips per first delivery and 2 per duplicate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N=${N:-20000}
+DUP_FRAC=${DUP_FRAC:-0.5}
+RUNS=${RUNS:-3}
+PORT=${PORT:-17600}
+VENV=${VENV:-target/py-bench-venv}
+URL="redis://127.0.0.1:${PORT}/0"
+D=$(python3 -c "print(round($DUP_FRAC * $N))")
+DELIVERIES=$((N + D))
+
+ncpu=$(nproc)
+if [ "$ncpu" -ge 2 ]; then
+  SERVER_CPU=0
+  CLIENT_CPU=1
+else
+  SERVER_CPU=0
+  CLIENT_CPU=0
+  echo "warning: one CPU only; the server and the consumers share it" >&2
+fi
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import babelqueue, redis" 2>/dev/null; then
+  echo "==> venv $VENV: babelqueue==1.24.0 redis"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "babelqueue==1.24.0" redis
+fi
+
+echo "==> cargo build --release -p babelqueue-bench"
+cargo build --quiet --release -p babelqueue-bench
+BENCH=target/release/babelqueue-bench
+
+dir=$(mktemp -d)
+taskset -c "$SERVER_CPU" redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
+  --appendonly no --dir "$dir" --logfile "$dir/redis.log" &
+server=$!
+cleanup() {
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+for _ in $(seq 1 50); do
+  redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$PORT" ping >/dev/null
+
+results="$dir/results.tsv"
+: >"$results"
+field() { # line name
+  sed -n "s/.*[[:space:]]\?$2=\([0-9.]*\).*/\1/p" <<<"$1" | head -1
+}
+record() { # label line
+  local rate cmds
+  rate=$(field "$2" msgs_per_s)
+  cmds=$(field "$2" redis_cmds_per_delivery)
+  [ -n "$rate" ] || { echo "no figures from $1: $2" >&2; exit 1; }
+  printf '%s\t%s\t%s\n' "$1" "$rate" "$cmds" >>"$results"
+  printf '  %-22s %s\n' "$1" "$2"
+}
+rust() { # concurrency mode
+  taskset -c "$CLIENT_CPU" "$BENCH" --url "$URL" --n "$N" --dup-frac "$DUP_FRAC" \
+    --concurrency "$1" --mode "$2" --runs 1 2>"$dir/bench.err" | tail -1 || true
+  # On a failed check the bench prints why on stderr: show it.
+  grep -v '^run ' "$dir/bench.err" >&2 || true
+}
+
+echo "==> workload: N=$N distinct payments + D=$D duplicates, $RUNS alternating runs"
+for run in $(seq 1 "$RUNS"); do
+  echo "run $run/$RUNS"
+  "$BENCH" --url "$URL" --n "$N" --dup-frac "$DUP_FRAC" --preload-only >/dev/null
+  line=$(taskset -c "$CLIENT_CPU" "$VENV/bin/python" scripts/py_consumer_bench.py \
+    --url "$URL" --n "$N" --deliveries "$DELIVERIES" --prefix "bq:idemp:py$run:")
+  record "python c1 seen" "$line"
+  record "rust c1 seen" "$(rust 1 seen)"
+  record "rust c8 seen" "$(rust 8 seen)"
+  record "rust c8 lease" "$(rust 8 lease)"
+  ping=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$PORT" -c 1 -n 20000 -t ping -q \
+    | sed -n 's/.*PING_MBULK: \([0-9.]*\) requests.*/\1/p' | head -1)
+  [ -n "$ping" ] || { echo "redis-benchmark printed no PING_MBULK figure" >&2; exit 1; }
+  printf 'redis-benchmark -c 1\t%s\t1\n' "$ping" >>"$results"
+  printf '  %-22s %s requests/s\n' "redis-benchmark -c 1" "$ping"
+done
+
+python3 - "$results" "$N" "$D" <<'PY'
+import statistics, sys
+from collections import defaultdict
+path, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rates, cmds = defaultdict(list), defaultdict(list)
+for line in open(path):
+    label, rate, c = line.rstrip("\n").split("\t")
+    rates[label].append(float(rate)); cmds[label].append(float(c))
+med = {k: statistics.median(v) for k, v in rates.items()}
+rps = med["redis-benchmark -c 1"]
+rtt_us = 1e6 / rps
+# One at a time: 3 round trips per first delivery, 2 per duplicate.
+ceiling = rps * (n + d) / (3 * n + 2 * d)
+py = med["python c1 seen"]
+print()
+print(f"medians of {len(rates['python c1 seen'])} runs; N={n}, D={d}; "
+      f"round trip {rtt_us:.0f} us (redis-benchmark -c 1: {rps:.0f}/s); "
+      f"one-at-a-time ceiling for 3+2 round trips: {ceiling:.0f} deliveries/s")
+print(f"{'consumer':<22} {'deliveries/s':>13} {'vs python':>10} {'vs ceiling':>11} {'redis cmds/delivery':>20}")
+for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease"):
+    m = med[label]
+    print(f"{label:<22} {m:>13.0f} {m / py:>9.2f}x {m / ceiling:>10.2f}x "
+          f"{statistics.median(cmds[label]):>20.2f}")
+PY
