@@ -354,3 +354,60 @@ async fn a_store_call_blocked_by_a_table_lock_is_answered_within_the_store_timeo
         .await
         .unwrap();
 }
+
+/// `n` payments, each published twice (shuffled), at `concurrency`, with the shared Redis
+/// seen-set store (unique prefix): exactly one effect per payment.
+async fn no_double_effect_with_redis(concurrency: usize) {
+    let url = std::env::var("BABELQUEUE_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let store = RedisStore::builder(&url)
+        .prefix(format!("bq-test:dup{concurrency}:{}:", uuid::Uuid::new_v4().simple()))
+        .ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("Redis at BABELQUEUE_REDIS_URL");
+    let t = InMemoryTransport::new();
+    let seen = Seen::default();
+    let app = charge_app(&t, Arc::new(store), &seen, Duration::from_micros(300))
+        .concurrency(concurrency);
+    let n = 2000;
+    let mut elements = Vec::new();
+    for i in 0..n {
+        let bytes = Envelope::new(
+            CHARGE,
+            json!({"payment_id": format!("pay_{i:08}"), "amount": 4200}),
+        )
+        .unwrap()
+        .with_queue("payments")
+        .encode();
+        elements.push(bytes.clone());
+        elements.push(bytes);
+    }
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in (1..elements.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        elements.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    for e in elements {
+        app.publish_raw(e).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    let effects = seen.effects.lock().unwrap();
+    let doubles = effects.values().filter(|&&c| c != 1).count();
+    assert_eq!((effects.len(), doubles), (n, 0), "one effect per payment");
+    assert_eq!((stats.succeeded, stats.skipped), (n as u64, n as u64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn concurrency_8_with_half_duplicates_and_the_redis_store_charges_once() {
+    no_double_effect_with_redis(8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn concurrency_32_with_half_duplicates_and_the_redis_store_charges_once() {
+    no_double_effect_with_redis(32).await;
+}
