@@ -44,9 +44,18 @@ impl Seen {
     fn check(&self, n: usize, stats: &Stats) {
         let effects = self.effects.lock().unwrap();
         let doubles = effects.values().filter(|&&c| c != 1).count();
-        assert_eq!((effects.len(), doubles), (n, 0), "every payment charged exactly once");
         assert_eq!(
-            (stats.succeeded, stats.dead_lettered, stats.failed, stats.retried),
+            (effects.len(), doubles),
+            (n, 0),
+            "every payment charged exactly once"
+        );
+        assert_eq!(
+            (
+                stats.succeeded,
+                stats.dead_lettered,
+                stats.failed,
+                stats.retried
+            ),
             (n as u64, 0, 0, 0),
             "{stats:?}"
         );
@@ -122,7 +131,14 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &REDIS_PORT.to_string(), "--bind", "127.0.0.1"])
             .args(["--dir", dir.to_str().unwrap()])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -180,7 +196,10 @@ async fn a_redis_store_down_for_12_s_mid_run_loses_and_double_charges_nothing() 
         let app = app.clone();
         async move { app.drain().await.unwrap() }
     });
-    wait_until("300 charges", Duration::from_secs(60), || seen.charged() >= 300).await;
+    wait_until("300 charges", Duration::from_secs(60), || {
+        seen.charged() >= 300
+    })
+    .await;
     server.stop();
     let stopped_at = seen.charged();
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -193,9 +212,19 @@ async fn a_redis_store_down_for_12_s_mid_run_loses_and_double_charges_nothing() 
     eprintln!(
         "redis store outage: {stopped_at} charged before, {during} during (in flight when it stopped), stats {stats:?}"
     );
-    assert!(during <= 4, "no charge while the store is down except those in flight");
+    assert!(
+        during <= 4,
+        "no charge while the store is down except those in flight"
+    );
     seen.check(1000, &stats);
-    assert_eq!((t.len("payments"), t.processing_len("payments"), t.len("payments.dlq")), (0, 0, 0));
+    assert_eq!(
+        (
+            t.len("payments"),
+            t.processing_len("payments"),
+            t.len("payments.dlq")
+        ),
+        (0, 0, 0)
+    );
     drop(server);
 }
 
@@ -284,7 +313,10 @@ async fn a_postgres_store_cut_off_and_back_loses_and_double_charges_nothing() {
         let app = app.clone();
         async move { app.drain().await.unwrap() }
     });
-    wait_until("300 charges", Duration::from_secs(60), || seen.charged() >= 300).await;
+    wait_until("300 charges", Duration::from_secs(60), || {
+        seen.charged() >= 300
+    })
+    .await;
     proxy.cut();
     tokio::time::sleep(Duration::from_secs(12)).await;
     proxy.restore();
@@ -294,7 +326,14 @@ async fn a_postgres_store_cut_off_and_back_loses_and_double_charges_nothing() {
         .unwrap();
     eprintln!("postgres store outage: stats {stats:?}");
     seen.check(1000, &stats);
-    assert_eq!((t.len("payments"), t.processing_len("payments"), t.len("payments.dlq")), (0, 0, 0));
+    assert_eq!(
+        (
+            t.len("payments"),
+            t.processing_len("payments"),
+            t.len("payments.dlq")
+        ),
+        (0, 0, 0)
+    );
     pg_admin()
         .await
         .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
@@ -315,7 +354,9 @@ async fn a_store_call_blocked_by_a_table_lock_is_answered_within_the_store_timeo
     // Another session holds the table.
     let locker = pg_admin().await;
     locker
-        .batch_execute(&format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+        ))
         .await
         .unwrap();
 
@@ -336,10 +377,19 @@ async fn a_store_call_blocked_by_a_table_lock_is_answered_within_the_store_timeo
     {
         let reports = seen.reports.lock().unwrap();
         assert_eq!(reports[0].disposition, Disposition::Requeued);
-        assert!(reports[0].error.as_deref().unwrap().contains("did not answer within 2s"));
+        assert!(
+            reports[0]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("did not answer within 2s")
+        );
     }
     // The configured store timeout is 2 s: answered then (generous margin for a busy CI).
-    assert!(answered >= Duration::from_secs(2) && answered < Duration::from_secs(4), "{answered:?}");
+    assert!(
+        answered >= Duration::from_secs(2) && answered < Duration::from_secs(4),
+        "{answered:?}"
+    );
     assert_eq!(seen.charged(), 0);
 
     locker.batch_execute("COMMIT").await.unwrap();
@@ -358,18 +408,21 @@ async fn a_store_call_blocked_by_a_table_lock_is_answered_within_the_store_timeo
 /// `n` payments, each published twice (shuffled), at `concurrency`, with the shared Redis
 /// seen-set store (unique prefix): exactly one effect per payment.
 async fn no_double_effect_with_redis(concurrency: usize) {
-    let url = std::env::var("BABELQUEUE_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let url =
+        std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
     let store = RedisStore::builder(&url)
-        .prefix(format!("bq-test:dup{concurrency}:{}:", uuid::Uuid::new_v4().simple()))
+        .prefix(format!(
+            "bq-test:dup{concurrency}:{}:",
+            uuid::Uuid::new_v4().simple()
+        ))
         .ttl(Duration::from_secs(600))
         .connect()
         .await
         .expect("Redis at BABELQUEUE_REDIS_URL");
     let t = InMemoryTransport::new();
     let seen = Seen::default();
-    let app = charge_app(&t, Arc::new(store), &seen, Duration::from_micros(300))
-        .concurrency(concurrency);
+    let app =
+        charge_app(&t, Arc::new(store), &seen, Duration::from_micros(300)).concurrency(concurrency);
     let n = 2000;
     let mut elements = Vec::new();
     for i in 0..n {
