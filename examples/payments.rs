@@ -439,7 +439,8 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
             }
         };
         let number = |v: String| -> Result<u64, String> {
-            v.parse().map_err(|_| format!("{name} needs a number, got `{v}`"))
+            v.parse()
+                .map_err(|_| format!("{name} needs a number, got `{v}`"))
         };
         match name {
             "--store" => o.store = value()?,
@@ -465,7 +466,9 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
 fn parse_produce(args: &[String]) -> Result<usize, String> {
     match args {
         [] => Ok(1),
-        [flag, n] if flag == "--count" => n.parse().map_err(|_| format!("--count needs a number, got `{n}`")),
+        [flag, n] if flag == "--count" => n
+            .parse()
+            .map_err(|_| format!("--count needs a number, got `{n}`")),
         [flag] if flag.starts_with("--count=") => flag["--count=".len()..]
             .parse()
             .map_err(|_| format!("bad {flag}")),
