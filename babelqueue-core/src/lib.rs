@@ -28,6 +28,7 @@
 
 pub mod dyn_store;
 pub mod envelope;
+pub mod extract;
 pub mod guard;
 pub mod handler;
 pub mod key;
@@ -49,7 +50,10 @@ pub use guard::{
     HandlerResult, Outcome, capture_outcome, capture_outcome_sync, guard, guard_async,
     guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
-pub use handler::{BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn};
+pub use extract::{Attempts, FromEnvelope, Json, MissingState, PayloadError, State, StateMap};
+pub use handler::{
+    BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, TypedHandler, UnknownUrn,
+};
 pub use key::DedupeKey;
 pub use lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 pub use memory::{InMemoryStore, InMemoryStoreBuilder};
@@ -64,7 +68,10 @@ pub mod __private {
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
-    pub use crate::handler::{BoxFuture, Handler, HandlerOutput, run_async, run_sync};
+    pub use crate::extract::{FromEnvelope, StateMap};
+    pub use crate::handler::{
+        BoxFuture, Handler, HandlerOutput, TypedHandler, run_async, run_sync,
+    };
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;

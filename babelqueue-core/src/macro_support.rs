@@ -17,7 +17,9 @@ use std::time::Duration;
 use crate::guard::{
     HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
-use crate::handler::{BoxError, BoxFuture, HandlerOutput, run_async, run_sync};
+use crate::envelope::Envelope;
+use crate::extract::{FromEnvelope, StateMap};
+use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
@@ -371,13 +373,16 @@ where
     }
 }
 
-/// Boxes an async handler's future, for the `Deref` to a fn pointer that keeps
-/// `charge(&env).await` working on a `#[handler]`.
-pub fn boxed<'a, Fut>(fut: Fut) -> BoxFuture<'a, Fut::Output>
-where
-    Fut: Future + Send + 'a,
-{
-    Box::pin(fut)
+/// Builds one typed argument of a `#[handler]` fn; a rejection becomes the handler's
+/// error (a [`PayloadError`](crate::extract::PayloadError) for a payload that does not
+/// deserialize).
+pub fn extract<T: FromEnvelope>(envelope: &Envelope, state: &StateMap) -> Result<T, HandlerError> {
+    T::from_envelope(envelope, state).map_err(HandlerError::new)
+}
+
+/// The router's output for a handler whose arguments could not be built: it did not run.
+pub fn rejected(error: HandlerError) -> BoxFuture<'static, HandlerOutput> {
+    Box::pin(std::future::ready(Err(error)))
 }
 
 #[cfg(test)]
