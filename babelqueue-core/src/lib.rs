@@ -33,7 +33,7 @@ pub mod guard;
 pub mod handler;
 pub mod key;
 pub mod lease;
-mod macro_support;
+pub mod macro_support;
 pub mod memory;
 pub mod runtime;
 pub mod sql;

@@ -61,6 +61,9 @@ fn first_last(tokens: &impl ToTokens) -> (Span, Span) {
 /// diagnostics, but their names still cannot meet the user's.
 fn respan(tokens: TokenStream, span: Span) -> TokenStream {
     let hygienic = span.resolved_at(Span::mixed_site());
+    // Tokens forming one expression or pattern share one syntax context (rustc cannot
+    // join spans of two contexts): with a generated local among them, all are mixed-site.
+    let span = if has_local(&tokens) { hygienic } else { span };
     tokens
         .into_iter()
         .map(|mut tt| {
@@ -79,6 +82,38 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tt
         })
         .collect()
+}
+
+/// `tokens` spanned from `first` to `last`: every token at `first` but the last one, at
+/// `last`, so the expression they form covers exactly the user's tokens (an error about
+/// a part of it is then at the same place as one about the whole, and rustc reports it
+/// once).
+fn respan_range(tokens: TokenStream, first: Span, last: Span) -> TokenStream {
+    let last = if has_local(&tokens) {
+        last.resolved_at(Span::mixed_site())
+    } else {
+        last
+    };
+    let mut tts: Vec<proc_macro2::TokenTree> = respan(tokens, first).into_iter().collect();
+    if let Some(tt) = tts.last_mut() {
+        match tt {
+            proc_macro2::TokenTree::Group(g) => g.set_span(last),
+            proc_macro2::TokenTree::Ident(i) if i.to_string().starts_with(LOCAL_PREFIX) => {
+                i.set_span(last.resolved_at(Span::mixed_site()));
+            }
+            other => other.set_span(last),
+        }
+    }
+    tts.into_iter().collect()
+}
+
+/// Whether `tokens` mention a generated local.
+fn has_local(tokens: &TokenStream) -> bool {
+    tokens.clone().into_iter().any(|tt| match tt {
+        proc_macro2::TokenTree::Ident(i) => i.to_string().starts_with(LOCAL_PREFIX),
+        proc_macro2::TokenTree::Group(g) => has_local(&g.stream()),
+        _ => false,
+    })
 }
 
 /// The prefix of every local the expansion declares (always with a mixed-site span).
@@ -204,7 +239,7 @@ fn guarded_fn(
     };
     let mut key_args = Group::new(Delimiter::Parenthesis, key_source);
     key_args.set_span(key_last);
-    let key_path = respan(quote!(#private::KeySource::owned_key), key_first);
+    let key_path = respan_range(quote!(#private::KeySource::owned_key), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
 
     let store_ref = borrow_spanned(store);
@@ -223,8 +258,12 @@ fn guarded_fn(
     let is_async = sig.asyncness.is_some();
     // Generated locals are mixed-site: no user identifier can meet them.
     let key_ident = Ident::new("__babelqueue_key", Span::mixed_site());
-    let guard_ident = Ident::new("__babelqueue_guard", Span::mixed_site());
-    let cx_ident = Ident::new("__babelqueue_cx", Span::mixed_site());
+    // The await glue's two bindings are in scopes that hold no user token (the guard's
+    // future, already built, and the poll closure), so no user identifier can meet them;
+    // they keep the call-site context of the rest of the call, which lets rustc report
+    // a store that does not fit once (it merges errors at one span *and* context).
+    let guard_ident = Ident::new("__bq_glue_guard", Span::call_site());
+    let cx_ident = Ident::new("__bq_glue_cx", Span::call_site());
     let (trait_name, lease) = match (is_async, &args.lease) {
         (false, None) => (quote!(SyncGuard), None),
         (true, None) => (quote!(AsyncGuard), None),
@@ -262,7 +301,22 @@ fn guarded_fn(
     );
     let mut args_group = args_group;
     args_group.set_span(last);
-    let path = respan(quote!(#private::#trait_name::<#ret_ty>::guard), first);
+    // The guard is generic over the return *kind*, named as a projection spanned at the
+    // user's return type: an unsupported return type (e.g. an alias of `u32`) is
+    // reported there, once, not at the store.
+    let (check_trait, kind_name) = (quote!(IdempotentReturn), quote!(Kind));
+    let kind = match &sig.output {
+        ReturnType::Type(_, t) => {
+            let (rf, rl) = first_last(t);
+            let open = quote_spanned!(rf=> <);
+            let rest = respan(quote!(as #private::#check_trait>::#kind_name), rl);
+            quote!(#open #ret_ty #rest)
+        }
+        ReturnType::Default => quote!(#private::UnitKind),
+    };
+    let path = respan_range(quote!(#private::#trait_name::<), first, last);
+    let path_end = respan_range(quote!(>::guard), last, last);
+    let path = quote!(#path #kind #path_end);
     let call = quote!(#path #args_group);
     let call = if is_async {
         // Awaited through `poll_fn`, all spanned at the store: the guard's future is
@@ -274,23 +328,32 @@ fn guarded_fn(
         // guard's future completes.
         let mut pinned = Group::new(Delimiter::Parenthesis, call);
         pinned.set_span(last);
-        let pin = respan(quote!(::std::boxed::Box::pin), first);
-        let poll = respan(
-            quote! {
-                ::core::future::poll_fn(move |#cx_ident| {
-                    ::core::future::Future::poll(
-                        ::core::pin::Pin::as_mut(&mut #guard_ident),
-                        #cx_ident,
-                    )
-                })
-            },
-            first,
-        );
+        let pin = respan_range(quote!(::std::boxed::Box::pin), first, last);
+        // Every sub-expression runs from a token at `first` to one at `last`, so an
+        // obligation rustc blames on any of them is reported at all of `store = ...`.
+        let as_mut = respan_range(quote!(::core::pin::Pin::as_mut), first, last);
+        let amp = respan(quote!(&mut), first);
+        let guard_last = respan(quote!(#guard_ident), last);
+        let mut as_mut_args = Group::new(Delimiter::Parenthesis, quote!(#amp #guard_last));
+        as_mut_args.set_span(last);
+        let cx_last = respan(quote!(#cx_ident), last);
+        let poll_path = respan_range(quote!(::core::future::Future::poll), first, last);
+        let mut poll_args =
+            Group::new(Delimiter::Parenthesis, quote!(#as_mut #as_mut_args, #cx_last));
+        poll_args.set_span(last);
+        let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
+        inner.set_span(last);
+        let closure = respan(quote!(move |#cx_ident|), first);
+        let mut closure = Group::new(Delimiter::Parenthesis, quote!(#closure #inner));
+        closure.set_span(last);
+        let poll_fn = respan_range(quote!(::core::future::poll_fn), first, last);
+        let poll = quote!(#poll_fn #closure);
         let await_ = quote_spanned!(last=> .await);
-        let arm = respan(quote!(mut #guard_ident =>), first);
+        let mut_kw = respan(quote!(mut), first);
+        let guard_pat = respan(quote!(#guard_ident), last);
         // The `match` itself keeps the macro's span: it is glue, and lints about a
         // `match` in tail position must not point at `store = ...`.
-        let arms = Group::new(Delimiter::Brace, quote!(#arm #poll #await_));
+        let arms = Group::new(Delimiter::Brace, quote!(#mut_kw #guard_pat => #poll #await_));
         quote!(match #pin #pinned #arms)
     } else {
         call
@@ -325,6 +388,9 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     let f = match syn::parse2::<ItemFn>(item.clone()) {
         Ok(f) => f,
         Err(_) => {
+            if let Ok(block) = syn::parse2::<syn::ItemImpl>(item.clone()) {
+                return handler_impl(args, errors, block);
+            }
             errors.push(validate::not_a_fn("handler", &item));
             return with_errors(errors, item);
         }
@@ -344,6 +410,96 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     quote! {
         #f
         #items
+    }
+}
+
+/// `#[handler] impl Payments { #[handler("urn:...")] fn charge(...) ... }`: the impl as
+/// written (without the inner attributes), plus, beside it, a handler type per marked
+/// associated fn, named like the fn and calling `<Payments>::charge`.
+fn handler_impl(
+    args: attr::HandlerArgs,
+    mut errors: Errors,
+    mut block: syn::ItemImpl,
+) -> TokenStream {
+    // On the impl, the attribute takes no URN: the URNs are on the fns.
+    if let Some(urn) = &args.urn {
+        errors.error(
+            urn.span(),
+            "on an `impl` block, #[handler] takes no URN: write `#[handler]` on the impl and \
+             `#[handler(\"urn:...\")]` on each handler fn inside it",
+        );
+    } else if errors.0.is_some() {
+        // "needs the URN": not an error on an impl.
+        errors = Errors::default();
+    }
+    if !block.generics.params.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            &block.generics,
+            "#[handler] cannot go on a generic `impl`: the router calls one concrete fn; \
+             write the handlers in an impl of a concrete type",
+        ));
+    }
+    let self_ty = &block.self_ty;
+    let callee_base = match &block.trait_ {
+        Some((_, path, _)) => quote!(<#self_ty as #path>),
+        None => quote!(<#self_ty>),
+    };
+    let mut items = Vec::new();
+    let mut found = false;
+    for item in &mut block.items {
+        let syn::ImplItem::Fn(func) = item else {
+            continue;
+        };
+        let Some(pos) = func
+            .attrs
+            .iter()
+            .position(|a| a.path().segments.last().is_some_and(|s| s.ident == "handler"))
+        else {
+            continue;
+        };
+        found = true;
+        let attr = func.attrs.remove(pos);
+        let tokens = match &attr.meta {
+            syn::Meta::List(list) => list.tokens.clone(),
+            _ => TokenStream::new(),
+        };
+        let (fn_args, mut fn_errors) = attr::parse_handler(tokens);
+        let f = ItemFn {
+            attrs: func.attrs.clone(),
+            vis: func.vis.clone(),
+            sig: func.sig.clone(),
+            block: Box::new(func.block.clone()),
+        };
+        let shape = validate::handler(&f, &mut fn_errors);
+        if let Err(e) = fn_errors.into_result() {
+            errors.push(e);
+            continue;
+        }
+        let (Some(shape), Some(urn)) = (shape, &fn_args.urn) else {
+            continue;
+        };
+        let krate = fn_args.krate.as_ref().or(args.krate.as_ref());
+        let rt = krate::runtime(krate);
+        let private = quote!(#rt::__private);
+        let name = &f.sig.ident;
+        let callee = quote!(#callee_base::#name);
+        items.push(handler_type(&f, &shape, urn, &private, &callee, &f.vis));
+    }
+    if !found && errors.0.is_none() {
+        errors.error(
+            block.impl_token.span,
+            "#[handler] on an `impl` registers its associated fns marked \
+             `#[handler(\"urn:...\")]`, but none is marked",
+        );
+    }
+    let errors = match errors.into_result() {
+        Ok(()) => TokenStream::new(),
+        Err(e) => e.to_compile_error(),
+    };
+    quote! {
+        #errors
+        #block
+        #(#items)*
     }
 }
 
@@ -450,17 +606,28 @@ fn handler_type(
             ret_last,
         )
     };
+    // The type lives under a name of its own, and `charge` is an alias of it: if the
+    // name `charge` is taken in the type namespace (a `mod charge`), only the alias
+    // conflicts, so the user gets one error, at the fn's name.
+    let hidden = Ident::new(&format!("{LOCAL_PREFIX}handler_{name}"), name.span());
+    let alias = respan(quote!(#vis type), name_first);
+    let semi = quote_spanned!(name_last=> ;);
     quote! {
         #[doc = #struct_doc]
         #(#cfgs)*
         #(#deprecated)*
         #[allow(non_camel_case_types)]
+        #alias #name = #hidden #semi
+
+        #[doc(hidden)]
+        #(#cfgs)*
+        #[allow(non_camel_case_types)]
         #[derive(Debug, Clone, Copy, Default)]
-        #vis struct #name {}
+        #vis struct #hidden {}
 
         #(#cfgs)*
         #[allow(deprecated)]
-        impl #private::TypedHandler for #name {
+        impl #private::TypedHandler for #hidden {
             fn serves(&self) -> &str {
                 #urn
             }
