@@ -61,9 +61,7 @@ fn payment(urn: &str, data: serde_json::Value) -> Envelope {
 #[tokio::test]
 async fn each_argument_gets_its_part_of_the_message() {
     let seen = Arc::new(Seen::default());
-    let router = Router::new()
-        .register(charge {})
-        .state(Arc::clone(&seen));
+    let router = Router::new().register(charge {}).state(Arc::clone(&seen));
     // `State<Seen>` needs a `Seen`, not an `Arc<Seen>`: register the value itself.
     let err = router
         .dispatch(payment(
@@ -73,9 +71,20 @@ async fn each_argument_gets_its_part_of_the_message() {
         .await
         .unwrap()
         .unwrap_err();
-    let missing = err.error().downcast_ref::<MissingState>().expect("MissingState");
-    assert!(missing.type_name().ends_with("Seen"), "{}", missing.type_name());
-    assert_eq!(seen.runs.load(Ordering::SeqCst), 0, "the handler did not run");
+    let missing = err
+        .error()
+        .downcast_ref::<MissingState>()
+        .expect("MissingState");
+    assert!(
+        missing.type_name().ends_with("Seen"),
+        "{}",
+        missing.type_name()
+    );
+    assert_eq!(
+        seen.runs.load(Ordering::SeqCst),
+        0,
+        "the handler did not run"
+    );
 
     let router = router.state(Seen::default());
     let mut env = payment(
@@ -110,23 +119,40 @@ async fn a_payload_that_does_not_deserialize_is_a_payload_error_and_the_body_doe
     );
     let err = router.dispatch(bad).await.unwrap().unwrap_err();
     // Recognisable by type (what the runtime dead-letters at once), with serde's reason.
-    let payload = err.error().downcast_ref::<PayloadError>().expect("PayloadError");
+    let payload = err
+        .error()
+        .downcast_ref::<PayloadError>()
+        .expect("PayloadError");
     assert_eq!(payload.urn(), "urn:babel:payments:charge");
-    assert!(payload.target().ends_with("Payment"), "{}", payload.target());
+    assert!(
+        payload.target().ends_with("Payment"),
+        "{}",
+        payload.target()
+    );
     assert!(
         payload.serde_error().to_string().contains("invalid type"),
         "{}",
         payload.serde_error()
     );
-    assert!(err.type_name().ends_with("PayloadError"), "{}", err.type_name());
+    assert!(
+        err.type_name().ends_with("PayloadError"),
+        "{}",
+        err.type_name()
+    );
     let seen = router.state_map().get::<Seen>().unwrap();
     assert_eq!(seen.runs.load(Ordering::SeqCst), 0);
 
     // A missing field too.
-    let missing = payment("urn:babel:payments:charge", serde_json::json!({"amount": 1}));
+    let missing = payment(
+        "urn:babel:payments:charge",
+        serde_json::json!({"amount": 1}),
+    );
     let err = router.dispatch(missing).await.unwrap().unwrap_err();
     assert!(err.error().is::<PayloadError>());
-    assert!(err.error().source().is_some(), "serde's error is the source");
+    assert!(
+        err.error().source().is_some(),
+        "serde's error is the source"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

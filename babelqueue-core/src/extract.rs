@@ -206,7 +206,9 @@ impl<T: Send + Sync + 'static> FromEnvelope for State<T> {
 /// `Router::state(value)`. The handler does not run; the message fails (and is retried
 /// like any handler error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the handler takes `State<{type_name}>` but the router has no `{type_name}`; add it with `Router::state(...)`")]
+#[error(
+    "the handler takes `State<{type_name}>` but the router has no `{type_name}`; add it with `Router::state(...)`"
+)]
 pub struct MissingState {
     type_name: &'static str,
 }
@@ -263,10 +265,7 @@ macro_rules! forward_state_stores {
 
         impl<S: crate::store::AsyncStore> crate::store::AsyncStore for State<S> {
             type Error = S::Error;
-            fn seen(
-                &self,
-                id: &str,
-            ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+            fn seen(&self, id: &str) -> impl Future<Output = Result<bool, Self::Error>> + Send {
                 self.0.seen(id)
             }
             fn remember(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {

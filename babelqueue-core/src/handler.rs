@@ -106,8 +106,7 @@ pub trait TypedHandler: Send + Sync + 'static {
     fn serves(&self) -> &str;
 
     /// Handles one envelope, with the router's state.
-    fn call_with(&self, envelope: Envelope, state: &StateMap)
-    -> BoxFuture<'static, HandlerOutput>;
+    fn call_with(&self, envelope: Envelope, state: &StateMap) -> BoxFuture<'static, HandlerOutput>;
 }
 
 impl<H: Handler + ?Sized> TypedHandler for H {

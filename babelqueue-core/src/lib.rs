@@ -46,11 +46,11 @@ pub use envelope::{
     DEFAULT_QUEUE, DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, LANG, Meta,
     SCHEMA_VERSION, now_millis,
 };
+pub use extract::{Attempts, FromEnvelope, Json, MissingState, PayloadError, State, StateMap};
 pub use guard::{
     HandlerResult, Outcome, capture_outcome, capture_outcome_sync, guard, guard_async,
     guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
-pub use extract::{Attempts, FromEnvelope, Json, MissingState, PayloadError, State, StateMap};
 pub use handler::{
     BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, TypedHandler, UnknownUrn,
 };
@@ -65,10 +65,10 @@ pub use store::{AsyncStore, IntoHandlerError, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::envelope::Envelope;
+    pub use crate::extract::{FromEnvelope, StateMap};
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
-    pub use crate::extract::{FromEnvelope, StateMap};
     pub use crate::handler::{
         BoxFuture, Handler, HandlerOutput, TypedHandler, run_async, run_sync,
     };

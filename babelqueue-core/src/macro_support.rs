@@ -17,11 +17,11 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use crate::envelope::Envelope;
+use crate::extract::{FromEnvelope, StateMap};
 use crate::guard::{
     HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
-use crate::envelope::Envelope;
-use crate::extract::{FromEnvelope, StateMap};
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};

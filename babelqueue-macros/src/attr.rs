@@ -84,14 +84,12 @@ impl Errors {
     /// Whether an error already told the user to write `store = ...` (a bare store
     /// expression, or a misspelt `store`), so "missing store" would only repeat it.
     fn has_missing_store_hint(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|e| {
-                e.into_iter().any(|e| {
-                    let msg = e.to_string();
-                    msg.contains("write `store = ") || msg.contains("did you mean `store`?")
-                })
+        self.0.as_ref().is_some_and(|e| {
+            e.into_iter().any(|e| {
+                let msg = e.to_string();
+                msg.contains("write `store = ") || msg.contains("did you mean `store`?")
             })
+        })
     }
 }
 

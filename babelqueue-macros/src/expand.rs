@@ -338,8 +338,10 @@ fn guarded_fn(
         as_mut_args.set_span(last);
         let cx_last = respan(quote!(#cx_ident), last);
         let poll_path = respan_range(quote!(::core::future::Future::poll), first, last);
-        let mut poll_args =
-            Group::new(Delimiter::Parenthesis, quote!(#as_mut #as_mut_args, #cx_last));
+        let mut poll_args = Group::new(
+            Delimiter::Parenthesis,
+            quote!(#as_mut #as_mut_args, #cx_last),
+        );
         poll_args.set_span(last);
         let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
         inner.set_span(last);
@@ -353,7 +355,10 @@ fn guarded_fn(
         let guard_pat = respan(quote!(#guard_ident), last);
         // The `match` itself keeps the macro's span: it is glue, and lints about a
         // `match` in tail position must not point at `store = ...`.
-        let arms = Group::new(Delimiter::Brace, quote!(#mut_kw #guard_pat => #poll #await_));
+        let arms = Group::new(
+            Delimiter::Brace,
+            quote!(#mut_kw #guard_pat => #poll #await_),
+        );
         quote!(match #pin #pinned #arms)
     } else {
         call
@@ -450,11 +455,12 @@ fn handler_impl(
         let syn::ImplItem::Fn(func) = item else {
             continue;
         };
-        let Some(pos) = func
-            .attrs
-            .iter()
-            .position(|a| a.path().segments.last().is_some_and(|s| s.ident == "handler"))
-        else {
+        let Some(pos) = func.attrs.iter().position(|a| {
+            a.path()
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "handler")
+        }) else {
             continue;
         };
         found = true;
@@ -514,7 +520,11 @@ fn handler_type(
 ) -> TokenStream {
     let sig = &f.sig;
     let name = &sig.ident;
-    let cfgs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("cfg")).collect();
+    let cfgs: Vec<_> = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .collect();
     let deprecated: Vec<_> = f
         .attrs
         .iter()
@@ -557,8 +567,7 @@ fn handler_type(
                 let (first, last) = first_last(ty);
                 let path = respan(quote!(#private::extract::<), first);
                 let close = respan(quote!(>), last);
-                let mut args_group =
-                    Group::new(Delimiter::Parenthesis, quote!(&#envelope, #state));
+                let mut args_group = Group::new(Delimiter::Parenthesis, quote!(&#envelope, #state));
                 args_group.set_span(last);
                 lets.push(quote! {
                     let #local = match #path #ty #close #args_group {
