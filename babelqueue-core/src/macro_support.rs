@@ -8,7 +8,7 @@
 //! user's tokens is a bound of that call, expressed through a helper trait carrying a
 //! `#[diagnostic::on_unimplemented]` message, so a mistake gives one error that names the
 //! user's own store, key or return type in plain words instead of the guard's internals.
-//! The behaviour itself is the [`guard`](crate::guard) module's; these functions only
+//! The behaviour itself is the [`guard`](mod@crate::guard) module's; these functions only
 //! forward to it.
 
 use std::borrow::Cow;

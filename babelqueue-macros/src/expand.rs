@@ -193,7 +193,14 @@ fn fake_return(ret: &Return, output: &ReturnType) -> TokenStream {
     let colon = quote_spanned!(first=> :);
     let tail = quote_spanned!(last=> = loop {};);
     quote! {
-        #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::needless_return)]
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
         if false {
             let #local #colon #ty #tail
             return #local;
