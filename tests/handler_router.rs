@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use babelqueue::{
-    Envelope, Handler, InMemoryStore, Outcome, Router, UnknownUrn, handler, idempotent,
+    Envelope, InMemoryStore, Outcome, Router, TypedHandler, UnknownUrn, handler, idempotent,
 };
 
 static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
@@ -62,18 +62,18 @@ fn envelope(urn: &str, data: serde_json::Value) -> Envelope {
 
 fn router() -> Router {
     Router::new()
-        .register(charge)
-        .register(refund)
-        .register(order_created)
-        .register(order_shipped)
+        .register(charge {})
+        .register(refund {})
+        .register(order_created {})
+        .register(order_shipped {})
 }
 
 #[test]
 fn each_handler_carries_its_urn() {
-    assert_eq!(charge.urn(), "urn:babel:payments:charge");
-    assert_eq!(refund.urn(), "urn:babel:payments:refund");
-    assert_eq!(order_created.urn(), "urn:babel:orders:created");
-    assert_eq!(order_shipped.urn(), "urn:babel:orders:shipped");
+    assert_eq!(charge {}.serves(), "urn:babel:payments:charge");
+    assert_eq!(refund {}.serves(), "urn:babel:payments:refund");
+    assert_eq!(order_created {}.serves(), "urn:babel:orders:created");
+    assert_eq!(order_shipped {}.serves(), "urn:babel:orders:shipped");
     let mut urns: Vec<&str> = Vec::new();
     let r = router();
     urns.extend(r.urns());
@@ -113,8 +113,8 @@ async fn direct_calls_still_work() {
     charge(&env).await.unwrap();
     assert_eq!(CHARGED.load(Ordering::SeqCst), before + 1);
 
-    // The handler is also a plain fn pointer.
-    let f: fn(&Envelope) = *refund;
+    // The handler stays a plain fn (coerces to a fn pointer).
+    let f: fn(&Envelope) = refund;
     f(&envelope(
         "urn:babel:payments:refund",
         serde_json::json!({}),

@@ -38,7 +38,7 @@ fn main() {
     rt.block_on(async {
         let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({})).unwrap();
         charge(&env).await.unwrap();
-        let router = Router::new().register(charge);
+        let router = Router::new().register(charge {});
         let out = router.dispatch(env.clone()).await.unwrap().unwrap();
         assert_eq!(out, Some(Outcome::Skipped));
         refund(&env);
@@ -64,7 +64,7 @@ fn refund(env: &Envelope) {
 fn main() {
     let env = Envelope::new("urn:babel:payments:refund", serde_json::json!({})).unwrap();
     refund(&env);
-    assert!(Router::new().register(refund).get("urn:babel:payments:refund").is_some());
+    assert!(Router::new().register(refund {}).get("urn:babel:payments:refund").is_some());
     println!("renamed facade ok");
 }
 "#;

@@ -1,8 +1,10 @@
 //! Handlers and the [`Router`] that dispatches an envelope to the handler of its URN.
 //!
 //! A handler declared with `#[handler("urn:…")]` carries its URN, so registering it is
-//! `router.register(charge)`; closures can be routed by hand with
-//! [`Router::route_sync`] / [`Router::route_async`].
+//! `router.register(charge {})` (the fn `charge` stays a plain fn; `charge {}` is the
+//! handler type the attribute adds beside it); closures can be routed by hand with
+//! [`Router::route_sync`] / [`Router::route_async`]. Shared state reaches handlers
+//! through [`Router::state`] and their [`State<T>`](crate::extract::State) arguments.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::envelope::Envelope;
+use crate::extract::StateMap;
 use crate::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
 /// A boxed, thread-safe error.
@@ -72,14 +75,62 @@ impl std::error::Error for HandlerError {
 /// inside it (so a skipped duplicate is visible), `Ok(None)` for an unguarded handler.
 pub type HandlerOutput = Result<Option<Outcome>, HandlerError>;
 
-/// A message handler for one URN. `#[handler("urn:…")]` implements it; most code never
-/// implements it by hand.
+/// A message handler for one URN, ready to run: what the runtime calls with each
+/// envelope. A [`Router`] hands out its handlers in this form, with the router's state
+/// already attached. Implement it by hand for a handler that needs no shared state;
+/// `#[handler("urn:…")]` implements [`TypedHandler`] instead.
 pub trait Handler: Send + Sync + 'static {
     /// The URN this handler serves.
     fn urn(&self) -> &str;
 
     /// Handles one envelope.
     fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput>;
+}
+
+/// A message handler for one URN that reads the router's shared state: what
+/// `#[handler("urn:…")]` implements (on the type of the same name as the fn), building
+/// each typed argument (`Json<T>`, `State<T>`, ...) from the envelope and the state.
+///
+/// Every [`Handler`] is a `TypedHandler` that ignores the state, so [`Router::register`]
+/// takes both.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a message handler",
+    label = "a router registers a `#[handler(\"urn:…\")]` type, written `name {{}}`",
+    note = "`#[handler]` keeps your fn as it is and adds a type of the same name that the router registers: write `register(charge {{}})` for a handler fn `charge`"
+)]
+///
+/// Its methods are named apart from [`Handler`]'s (`serves`, `call_with`), so both
+/// traits can be in scope without making `handler.call(envelope)` ambiguous.
+pub trait TypedHandler: Send + Sync + 'static {
+    /// The URN this handler serves.
+    fn serves(&self) -> &str;
+
+    /// Handles one envelope, with the router's state.
+    fn call_with(&self, envelope: Envelope, state: &StateMap) -> BoxFuture<'static, HandlerOutput>;
+}
+
+impl<H: Handler + ?Sized> TypedHandler for H {
+    fn serves(&self) -> &str {
+        Handler::urn(self)
+    }
+    fn call_with(&self, envelope: Envelope, _: &StateMap) -> BoxFuture<'static, HandlerOutput> {
+        Handler::call(self, envelope)
+    }
+}
+
+/// A [`TypedHandler`] with the state of its router: the [`Handler`] a router hands out.
+struct Bound {
+    handler: Arc<dyn TypedHandler>,
+    state: Arc<StateMap>,
+}
+
+impl Handler for Bound {
+    fn urn(&self) -> &str {
+        self.handler.serves()
+    }
+    fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
+        self.handler.call_with(envelope, &self.state)
+    }
 }
 
 impl<H: Handler + ?Sized> Handler for Arc<H> {
@@ -209,16 +260,34 @@ pub struct UnknownUrn(pub String);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
+///
+/// Shared state is registered once, by type, and reaches every handler taking a
+/// [`State<T>`](crate::extract::State) argument:
+///
+/// ```
+/// use babelqueue_core::{Envelope, Router, TypedHandler};
+/// use babelqueue_core::extract::StateMap;
+/// struct Pool(&'static str);
+/// let router = Router::new().state(Pool("postgres://…"));
+/// assert_eq!(router.state_map().get::<Pool>().map(|p| p.0), Some("postgres://…"));
+/// ```
 #[derive(Clone, Default)]
 pub struct Router {
+    /// The handlers as registered.
+    handlers: HashMap<String, Arc<dyn TypedHandler>>,
+    /// The same handlers bound to `state`: what [`Router::get`] hands out.
     routes: HashMap<String, Arc<dyn Handler>>,
+    state: Arc<StateMap>,
 }
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut urns: Vec<_> = self.routes.keys().collect();
         urns.sort();
-        f.debug_struct("Router").field("urns", &urns).finish()
+        f.debug_struct("Router")
+            .field("urns", &urns)
+            .field("state", &self.state)
+            .finish()
     }
 }
 
@@ -228,18 +297,60 @@ impl Router {
         Self::default()
     }
 
-    /// Registers a handler under the URN it declares. A later registration for the same
-    /// URN replaces the earlier one.
-    pub fn register<H: Handler>(mut self, handler: H) -> Self {
+    /// Registers a handler under the URN it declares: a `#[handler("urn:…")]` fn
+    /// `charge` is registered as `register(charge {})`; any [`Handler`] works too. A
+    /// later registration for the same URN replaces the earlier one.
+    pub fn register<H: TypedHandler>(mut self, handler: H) -> Self {
         self.add(handler);
         self
     }
 
     /// Registers a handler in place (see [`register`](Self::register)).
-    pub fn add<H: Handler>(&mut self, handler: H) -> &mut Self {
-        self.routes
-            .insert(handler.urn().to_owned(), Arc::new(handler));
+    pub fn add<H: TypedHandler>(&mut self, handler: H) -> &mut Self {
+        let urn = handler.serves().to_owned();
+        let handler: Arc<dyn TypedHandler> = Arc::new(handler);
+        self.routes.insert(urn.clone(), self.bind(&handler));
+        self.handlers.insert(urn, handler);
         self
+    }
+
+    /// Adds shared state: every handler taking a [`State<T>`](crate::extract::State)
+    /// argument gets `value` (shared behind an `Arc`; `T` need not be `Clone`). One
+    /// value per type; a second value of the same type replaces the
+    /// first. Order does not matter: state added after a handler reaches it too.
+    ///
+    /// ```
+    /// use babelqueue_core::{Envelope, InMemoryStore, Router};
+    /// let store = InMemoryStore::new(); // chosen at start-up: no `static` needed
+    /// let router = Router::new().state(store);
+    /// # let _ = router;
+    /// ```
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.add_state(value);
+        self
+    }
+
+    /// Adds shared state in place (see [`state`](Self::state)).
+    pub fn add_state<T: Send + Sync + 'static>(&mut self, value: T) -> &mut Self {
+        Arc::make_mut(&mut self.state).insert(value);
+        let handlers: Vec<_> = self.handlers.values().cloned().collect();
+        for handler in handlers {
+            let bound = self.bind(&handler);
+            self.routes.insert(handler.serves().to_owned(), bound);
+        }
+        self
+    }
+
+    /// The shared state handlers receive.
+    pub fn state_map(&self) -> &StateMap {
+        &self.state
+    }
+
+    fn bind(&self, handler: &Arc<dyn TypedHandler>) -> Arc<dyn Handler> {
+        Arc::new(Bound {
+            handler: Arc::clone(handler),
+            state: Arc::clone(&self.state),
+        })
     }
 
     /// Routes `urn` to a blocking closure taking `&Envelope` and returning `()` or
@@ -267,7 +378,8 @@ impl Router {
         self.register(AsyncFn { urn: urn.into(), f })
     }
 
-    /// The handler for `urn`, if any.
+    /// The handler for `urn`, if any, with the router's state attached: call it with
+    /// the envelope alone.
     pub fn get(&self, urn: &str) -> Option<&Arc<dyn Handler>> {
         self.routes.get(urn)
     }

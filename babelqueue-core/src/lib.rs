@@ -28,12 +28,13 @@
 
 pub mod dyn_store;
 pub mod envelope;
+pub mod extract;
 pub mod guard;
 pub mod handler;
 mod inflight;
 pub mod key;
 pub mod lease;
-mod macro_support;
+pub mod macro_support;
 pub mod memory;
 pub mod runtime;
 pub mod sql;
@@ -46,11 +47,14 @@ pub use envelope::{
     DEFAULT_QUEUE, DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, LANG, Meta,
     SCHEMA_VERSION, now_millis,
 };
+pub use extract::{Attempts, FromEnvelope, Json, MissingState, PayloadError, State, StateMap};
 pub use guard::{
     HandlerResult, Outcome, capture_outcome, capture_outcome_sync, guard, guard_async,
     guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
-pub use handler::{BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn};
+pub use handler::{
+    BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, TypedHandler, UnknownUrn,
+};
 pub use key::DedupeKey;
 pub use lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 pub use memory::{InMemoryStore, InMemoryStoreBuilder};
@@ -62,10 +66,13 @@ pub use store::{AsyncStore, IntoHandlerError, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::envelope::Envelope;
+    pub use crate::extract::{FromEnvelope, StateMap};
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
-    pub use crate::handler::{BoxFuture, Handler, HandlerOutput, run_async, run_sync};
+    pub use crate::handler::{
+        BoxFuture, Handler, HandlerOutput, TypedHandler, run_async, run_sync,
+    };
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;

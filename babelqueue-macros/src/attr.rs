@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
 use syn::parse::{ParseStream, Parser};
-use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Path, Token};
 
 use crate::duration;
@@ -38,7 +37,7 @@ pub struct IdempotentArgs {
 
 /// Collects errors: `syn::Error::combine` so the user sees every mistake at once.
 #[derive(Default)]
-pub struct Errors(Option<syn::Error>);
+pub struct Errors(pub Option<syn::Error>);
 
 impl Errors {
     pub fn push(&mut self, err: syn::Error) {
@@ -83,11 +82,14 @@ pub fn parse_idempotent(args: TokenStream) -> (IdempotentArgs, Errors) {
 
 impl Errors {
     /// Whether an error already told the user to write `store = ...` (a bare store
-    /// expression), so "missing store" would only repeat it.
+    /// expression, or a misspelt `store`), so "missing store" would only repeat it.
     fn has_missing_store_hint(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|e| e.to_string().contains("write `store = "))
+        self.0.as_ref().is_some_and(|e| {
+            e.into_iter().any(|e| {
+                let msg = e.to_string();
+                msg.contains("write `store = ") || msg.contains("did you mean `store`?")
+            })
+        })
     }
 }
 
@@ -314,8 +316,8 @@ fn parse_duration(
         }) => "a bare number has no unit; ",
         _ => "",
     };
-    Err(syn::Error::new(
-        value.span(),
+    Err(syn::Error::new_spanned(
+        &value,
         format!(
             "`{name}` takes a duration string literal, parsed at compile time: {hint}write \
              `{name} = \"{example}\"` (units: {})",

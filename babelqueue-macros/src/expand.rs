@@ -3,15 +3,12 @@
 //! to the errors, so one mistake does not cascade into errors at every call site.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{ToTokens, format_ident, quote, quote_spanned};
-use syn::{AttrStyle, Attribute, Expr, ItemFn};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::{AttrStyle, Attribute, Expr, Ident, ItemFn, ReturnType};
 
 use crate::attr::{self, Errors, IdempotentArgs};
 use crate::krate;
-use crate::validate::{self, EnvRef, Return};
-
-/// The prefix of the fn `#[handler]` renames the user's fn to.
-pub const HANDLER_FN_PREFIX: &str = "__babelqueue_handler_";
+use crate::validate::{self, EnvRef, HandlerArg, Return};
 
 /// `#[idempotent(...)]`.
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -59,22 +56,68 @@ fn first_last(tokens: &impl ToTokens) -> (Span, Span) {
     (first, last)
 }
 
-/// `tokens` with every span set to `span` (groups included).
+/// `tokens` with every span set to `span`'s location (groups included), keeping
+/// mixed-site hygiene: the generated tokens are placed at the user's tokens for
+/// diagnostics, but their names still cannot meet the user's.
 fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    let hygienic = span.resolved_at(Span::mixed_site());
+    // Tokens forming one expression or pattern share one syntax context (rustc cannot
+    // join spans of two contexts): with a generated local among them, all are mixed-site.
+    let span = if has_local(&tokens) { hygienic } else { span };
     tokens
         .into_iter()
         .map(|mut tt| {
-            if let proc_macro2::TokenTree::Group(g) = &tt {
-                let mut inner = Group::new(g.delimiter(), respan(g.stream(), span));
-                inner.set_span(span);
-                tt = proc_macro2::TokenTree::Group(inner);
-            } else {
-                tt.set_span(span);
+            match &tt {
+                proc_macro2::TokenTree::Group(g) => {
+                    let mut inner = Group::new(g.delimiter(), respan(g.stream(), span));
+                    inner.set_span(span);
+                    tt = proc_macro2::TokenTree::Group(inner);
+                }
+                // A generated local: moved to the user's tokens, still mixed-site.
+                proc_macro2::TokenTree::Ident(i) if i.to_string().starts_with(LOCAL_PREFIX) => {
+                    tt.set_span(hygienic);
+                }
+                _ => tt.set_span(span),
             }
             tt
         })
         .collect()
 }
+
+/// `tokens` spanned from `first` to `last`: every token at `first` but the last one, at
+/// `last`, so the expression they form covers exactly the user's tokens (an error about
+/// a part of it is then at the same place as one about the whole, and rustc reports it
+/// once).
+fn respan_range(tokens: TokenStream, first: Span, last: Span) -> TokenStream {
+    let last = if has_local(&tokens) {
+        last.resolved_at(Span::mixed_site())
+    } else {
+        last
+    };
+    let mut tts: Vec<proc_macro2::TokenTree> = respan(tokens, first).into_iter().collect();
+    if let Some(tt) = tts.last_mut() {
+        match tt {
+            proc_macro2::TokenTree::Group(g) => g.set_span(last),
+            proc_macro2::TokenTree::Ident(i) if i.to_string().starts_with(LOCAL_PREFIX) => {
+                i.set_span(last.resolved_at(Span::mixed_site()));
+            }
+            other => other.set_span(last),
+        }
+    }
+    tts.into_iter().collect()
+}
+
+/// Whether `tokens` mention a generated local.
+fn has_local(tokens: &TokenStream) -> bool {
+    tokens.clone().into_iter().any(|tt| match tt {
+        proc_macro2::TokenTree::Ident(i) => i.to_string().starts_with(LOCAL_PREFIX),
+        proc_macro2::TokenTree::Group(g) => has_local(&g.stream()),
+        _ => false,
+    })
+}
+
+/// The prefix of every local the expansion declares (always with a mixed-site span).
+const LOCAL_PREFIX: &str = "__babelqueue_";
 
 /// `<Ret as RoutableReturn>::` with the user's own tokens for `Ret`, so an error about
 /// the return type underlines all of it.
@@ -139,6 +182,32 @@ fn split_attrs(attrs: Vec<Attribute>) -> (Vec<Attribute>, Vec<Attribute>) {
         .partition(|a| matches!(a.style, AttrStyle::Outer))
 }
 
+/// `if false { let r: R = loop {}; return r; }` at the declared return type (nothing
+/// for `()`), spanned at the return type.
+fn fake_return(ret: &Return, output: &ReturnType) -> TokenStream {
+    let (Return::Typed(ty), ReturnType::Type(_, _)) = (ret, output) else {
+        return TokenStream::new();
+    };
+    let (first, last) = first_last(ty);
+    let local = Ident::new("__babelqueue_fake_return", Span::mixed_site());
+    let colon = quote_spanned!(first=> :);
+    let tail = quote_spanned!(last=> = loop {};);
+    quote! {
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let #local #colon #ty #tail
+            return #local;
+        }
+    }
+}
+
 fn guarded_fn(
     args: &IdempotentArgs,
     store: &Expr,
@@ -177,7 +246,7 @@ fn guarded_fn(
     };
     let mut key_args = Group::new(Delimiter::Parenthesis, key_source);
     key_args.set_span(key_last);
-    let key_path = respan(quote!(#private::KeySource::owned_key), key_first);
+    let key_path = respan_range(quote!(#private::KeySource::owned_key), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
 
     let store_ref = borrow_spanned(store);
@@ -194,6 +263,14 @@ fn guarded_fn(
         Return::Typed(t) => quote!(-> #t),
     };
     let is_async = sig.asyncness.is_some();
+    // Generated locals are mixed-site: no user identifier can meet them.
+    let key_ident = Ident::new("__babelqueue_key", Span::mixed_site());
+    // The await glue's two bindings are in scopes that hold no user token (the guard's
+    // future, already built, and the poll closure), so no user identifier can meet them;
+    // they keep the call-site context of the rest of the call, which lets rustc report
+    // a store that does not fit once (it merges errors at one span *and* context).
+    let guard_ident = Ident::new("__bq_glue_guard", Span::call_site());
+    let cx_ident = Ident::new("__bq_glue_cx", Span::call_site());
     let (trait_name, lease) = match (is_async, &args.lease) {
         (false, None) => (quote!(SyncGuard), None),
         (true, None) => (quote!(AsyncGuard), None),
@@ -204,8 +281,19 @@ fn guarded_fn(
     // it is an async closure called at once: unlike an `async move` block, it captures
     // precisely (field by field), so `store = self.store` and a body mutating another
     // field of `&mut self` do not conflict.
+    //
+    // An async closure's `-> R` annotation does not make its body's `return`s coerce
+    // (`Box<io::Error>` to `Box<dyn Error>`, `&String` to `&str`), so, as
+    // tracing-attributes does, the body starts with a "fake return" at the declared type:
+    // the first `return` an async body's type is inferred from is typed `R`, and every
+    // later `return` and the tail coerce to it. The fake return is spanned at the return
+    // type, so a type error it causes points there.
     let body_arg = if is_async {
-        quote!((async || #ret_annotation #block)())
+        let fake = fake_return(&shape.ret, &sig.output);
+        let stmts = &block.stmts;
+        let mut inner_block = Group::new(Delimiter::Brace, quote!(#fake #(#stmts)*));
+        inner_block.set_span(block.brace_token.span.join());
+        quote!((async || #inner_block)())
     } else {
         quote!(|| #ret_annotation #block)
     };
@@ -216,11 +304,26 @@ fn guarded_fn(
     let lease_arg = lease.map(|l| quote!(#l,));
     let args_group = Group::new(
         Delimiter::Parenthesis,
-        quote!(#store_ref, __babelqueue_key, #lease_arg #ttl, #body_arg),
+        quote!(#store_ref, #key_ident, #lease_arg #ttl, #body_arg),
     );
     let mut args_group = args_group;
     args_group.set_span(last);
-    let path = respan(quote!(#private::#trait_name::<#ret_ty>::guard), first);
+    // The guard is generic over the return *kind*, named as a projection spanned at the
+    // user's return type: an unsupported return type (e.g. an alias of `u32`) is
+    // reported there, once, not at the store.
+    let (check_trait, kind_name) = (quote!(IdempotentReturn), quote!(Kind));
+    let kind = match &sig.output {
+        ReturnType::Type(_, t) => {
+            let (rf, rl) = first_last(t);
+            let open = quote_spanned!(rf=> <);
+            let rest = respan(quote!(as #private::#check_trait>::#kind_name), rl);
+            quote!(#open #ret_ty #rest)
+        }
+        ReturnType::Default => quote!(#private::UnitKind),
+    };
+    let path = respan_range(quote!(#private::#trait_name::<), first, last);
+    let path_end = respan_range(quote!(>::guard), last, last);
+    let path = quote!(#path #kind #path_end);
     let call = quote!(#path #args_group);
     let call = if is_async {
         // Awaited through `poll_fn`, all spanned at the store: the guard's future is
@@ -232,23 +335,37 @@ fn guarded_fn(
         // guard's future completes.
         let mut pinned = Group::new(Delimiter::Parenthesis, call);
         pinned.set_span(last);
-        let pin = respan(quote!(::std::boxed::Box::pin), first);
-        let poll = respan(
-            quote! {
-                ::core::future::poll_fn(move |__babelqueue_cx| {
-                    ::core::future::Future::poll(
-                        ::core::pin::Pin::as_mut(&mut __babelqueue_guard),
-                        __babelqueue_cx,
-                    )
-                })
-            },
-            first,
+        let pin = respan_range(quote!(::std::boxed::Box::pin), first, last);
+        // Every sub-expression runs from a token at `first` to one at `last`, so an
+        // obligation rustc blames on any of them is reported at all of `store = ...`.
+        let as_mut = respan_range(quote!(::core::pin::Pin::as_mut), first, last);
+        let amp = respan(quote!(&mut), first);
+        let guard_last = respan(quote!(#guard_ident), last);
+        let mut as_mut_args = Group::new(Delimiter::Parenthesis, quote!(#amp #guard_last));
+        as_mut_args.set_span(last);
+        let cx_last = respan(quote!(#cx_ident), last);
+        let poll_path = respan_range(quote!(::core::future::Future::poll), first, last);
+        let mut poll_args = Group::new(
+            Delimiter::Parenthesis,
+            quote!(#as_mut #as_mut_args, #cx_last),
         );
+        poll_args.set_span(last);
+        let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
+        inner.set_span(last);
+        let closure = respan(quote!(move |#cx_ident|), first);
+        let mut closure = Group::new(Delimiter::Parenthesis, quote!(#closure #inner));
+        closure.set_span(last);
+        let poll_fn = respan_range(quote!(::core::future::poll_fn), first, last);
+        let poll = quote!(#poll_fn #closure);
         let await_ = quote_spanned!(last=> .await);
-        let arm = respan(quote!(mut __babelqueue_guard =>), first);
+        let mut_kw = respan(quote!(mut), first);
+        let guard_pat = respan(quote!(#guard_ident), last);
         // The `match` itself keeps the macro's span: it is glue, and lints about a
         // `match` in tail position must not point at `store = ...`.
-        let arms = Group::new(Delimiter::Brace, quote!(#arm #poll #await_));
+        let arms = Group::new(
+            Delimiter::Brace,
+            quote!(#mut_kw #guard_pat => #poll #await_),
+        );
         quote!(match #pin #pinned #arms)
     } else {
         call
@@ -265,7 +382,7 @@ fn guarded_fn(
     };
     let body = quote! {
         #(#inner)*
-        let __babelqueue_key = #key_call;
+        let #key_ident = #key_call;
         #call
     };
     let mut body = Group::new(Delimiter::Brace, body);
@@ -276,12 +393,16 @@ fn guarded_fn(
     }
 }
 
-/// `#[handler("urn:...")]`.
+/// `#[handler("urn:...")]`: the fn as written, plus a type of the same name (in the type
+/// namespace, like Rocket's routes) implementing `TypedHandler`.
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     let (args, mut errors) = attr::parse_handler(args);
     let f = match syn::parse2::<ItemFn>(item.clone()) {
         Ok(f) => f,
         Err(_) => {
+            if let Ok(block) = syn::parse2::<syn::ItemImpl>(item.clone()) {
+                return handler_impl(args, errors, block);
+            }
             errors.push(validate::not_a_fn("handler", &item));
             return with_errors(errors, item);
         }
@@ -296,128 +417,243 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let rt = krate::runtime(args.krate.as_ref());
     let private = quote!(#rt::__private);
-
-    let ItemFn {
-        attrs,
-        vis,
-        mut sig,
-        block,
-    } = f;
-    let name = sig.ident.clone();
-    let inner_name = format_ident!("{}{}", HANDLER_FN_PREFIX, name, span = name.span());
-    sig.ident = inner_name.clone();
-
-    let mut docs = Vec::new();
-    let mut cfgs = Vec::new();
-    let mut fn_attrs = Vec::new();
-    for a in attrs {
-        if a.path().is_ident("doc") {
-            docs.push(a);
-        } else {
-            if a.path().is_ident("cfg") {
-                cfgs.push(a.clone());
-            }
-            fn_attrs.push(a);
-        }
+    let callee = f.sig.ident.to_token_stream();
+    let items = handler_type(&f, &shape, urn, &private, &callee, &f.vis);
+    quote! {
+        #f
+        #items
     }
+}
 
-    // A braced struct lives only in the type namespace, so the const of the same name is
-    // what `charge` means as a value (a unit struct would be a constructor, and lints
-    // would take `charge(&env);` for a no-op).
+/// `#[handler] impl Payments { #[handler("urn:...")] fn charge(...) ... }`: the impl as
+/// written (without the inner attributes), plus, beside it, a handler type per marked
+/// associated fn, named like the fn and calling `<Payments>::charge`.
+fn handler_impl(
+    args: attr::HandlerArgs,
+    mut errors: Errors,
+    mut block: syn::ItemImpl,
+) -> TokenStream {
+    // On the impl, the attribute takes no URN: the URNs are on the fns.
+    if let Some(urn) = &args.urn {
+        errors.error(
+            urn.span(),
+            "on an `impl` block, #[handler] takes no URN: write `#[handler]` on the impl and \
+             `#[handler(\"urn:...\")]` on each handler fn inside it",
+        );
+    } else if errors.0.is_some() {
+        // "needs the URN": not an error on an impl.
+        errors = Errors::default();
+    }
+    if !block.generics.params.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            &block.generics,
+            "#[handler] cannot go on a generic `impl`: the router calls one concrete fn; \
+             write the handlers in an impl of a concrete type",
+        ));
+    }
+    let self_ty = &block.self_ty;
+    let callee_base = match &block.trait_ {
+        Some((_, path, _)) => quote!(<#self_ty as #path>),
+        None => quote!(<#self_ty>),
+    };
+    let mut items = Vec::new();
+    let mut found = false;
+    for item in &mut block.items {
+        let syn::ImplItem::Fn(func) = item else {
+            continue;
+        };
+        let Some(pos) = func.attrs.iter().position(|a| {
+            a.path()
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "handler")
+        }) else {
+            continue;
+        };
+        found = true;
+        let attr = func.attrs.remove(pos);
+        let tokens = match &attr.meta {
+            syn::Meta::List(list) => list.tokens.clone(),
+            _ => TokenStream::new(),
+        };
+        let (fn_args, mut fn_errors) = attr::parse_handler(tokens);
+        let f = ItemFn {
+            attrs: func.attrs.clone(),
+            vis: func.vis.clone(),
+            sig: func.sig.clone(),
+            block: Box::new(func.block.clone()),
+        };
+        let shape = validate::handler(&f, &mut fn_errors);
+        if let Err(e) = fn_errors.into_result() {
+            errors.push(e);
+            continue;
+        }
+        let (Some(shape), Some(urn)) = (shape, &fn_args.urn) else {
+            continue;
+        };
+        let krate = fn_args.krate.as_ref().or(args.krate.as_ref());
+        let rt = krate::runtime(krate);
+        let private = quote!(#rt::__private);
+        let name = &f.sig.ident;
+        let callee = quote!(#callee_base::#name);
+        items.push(handler_type(&f, &shape, urn, &private, &callee, &f.vis));
+    }
+    if !found && errors.0.is_none() {
+        errors.error(
+            block.impl_token.span,
+            "#[handler] on an `impl` registers its associated fns marked \
+             `#[handler(\"urn:...\")]`, but none is marked",
+        );
+    }
+    let errors = match errors.into_result() {
+        Ok(()) => TokenStream::new(),
+        Err(e) => e.to_compile_error(),
+    };
+    quote! {
+        #errors
+        #block
+        #(#items)*
+    }
+}
+
+/// The handler type named like the fn `f`, calling it through `callee`.
+fn handler_type(
+    f: &ItemFn,
+    shape: &validate::HandlerShape,
+    urn: &syn::LitStr,
+    private: &TokenStream,
+    callee: &TokenStream,
+    vis: &syn::Visibility,
+) -> TokenStream {
+    let sig = &f.sig;
+    let name = &sig.ident;
+    let cfgs: Vec<_> = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .collect();
+    let deprecated: Vec<_> = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("deprecated"))
+        .collect();
     let struct_doc = format!(
-        "The type of the handler `{name}` (declared with `#[handler({:?})]`): calling it \
-         runs the fn, and a `Router` registers it under its URN.",
+        "The handler `{name}` for a router: `#[handler({:?})]` added this type beside the \
+         fn, so `router.register({name} {{}})` runs the fn `{name}` for each message with \
+         that URN.",
         urn.value()
     );
-    let env_ty = &shape.env_ty;
-    let ret_ty = shape.ret.ty();
-    let is_async = sig.asyncness.is_some();
-    let env_arg = match shape.env {
-        EnvRef::Owned => quote!(envelope),
-        EnvRef::Shared => quote!(&envelope),
-        EnvRef::Mut => quote!(&mut envelope),
-    };
-    let binding = match shape.env {
-        EnvRef::Mut => quote!(mut envelope),
-        _ => quote!(envelope),
-    };
-    let lifetime = match shape.env {
-        EnvRef::Owned => quote!('static),
-        EnvRef::Shared | EnvRef::Mut => quote!('_),
-    };
-    // The router's call is spanned at the return type: a return type the router cannot
-    // report (an error that is not a `std::error::Error`) is reported there.
-    let (ret_first, ret_last) = match &sig.output {
-        syn::ReturnType::Type(_, t) => first_last(t),
-        syn::ReturnType::Default => first_last(&name),
-    };
 
-    let (target, deref_body, call_body) = if is_async {
-        let target = quote!(fn(#env_ty) -> #private::BoxFuture<#lifetime, #ret_ty>);
-        let deref_body = quote! {
-            fn __babelqueue_boxed(envelope: #env_ty) -> #private::BoxFuture<#lifetime, #ret_ty> {
-                #private::boxed(#inner_name(envelope))
+    let envelope = Ident::new("__babelqueue_envelope", Span::mixed_site());
+    let state = Ident::new("__babelqueue_state", Span::mixed_site());
+    let error = Ident::new("__babelqueue_error", Span::mixed_site());
+    let owned_needs_clone = shape
+        .args
+        .iter()
+        .filter(|a| matches!(a, HandlerArg::Envelope(_)))
+        .count()
+        > 1;
+    let mut lets = Vec::new();
+    let mut call_args = Vec::new();
+    let mut needs_mut = false;
+    for (i, arg) in shape.args.iter().enumerate() {
+        match arg {
+            HandlerArg::Envelope(EnvRef::Shared) => call_args.push(quote!(&#envelope)),
+            HandlerArg::Envelope(EnvRef::Mut) => {
+                needs_mut = true;
+                call_args.push(quote!(&mut #envelope));
             }
-            static __BABELQUEUE_HANDLER: #target = __babelqueue_boxed;
-            &__BABELQUEUE_HANDLER
-        };
-        let route = routable(&ret_ty, &private, ret_first, ret_last);
-        let method = quote_spanned!(ret_last=> route_async);
-        let route = quote!(#route #method);
-        let call_body = match shape.env {
-            EnvRef::Owned => quote!(#inner_name(envelope)),
-            _ => quote!(async move { #inner_name(#env_arg).await }),
-        };
-        let call_body = spanned_call(route, call_body, ret_last);
-        (target, deref_body, call_body)
+            HandlerArg::Envelope(EnvRef::Owned) if owned_needs_clone => {
+                call_args.push(quote!(::core::clone::Clone::clone(&#envelope)));
+            }
+            HandlerArg::Envelope(EnvRef::Owned) => call_args.push(quote!(#envelope)),
+            HandlerArg::Extract(ty) => {
+                let local = Ident::new(&format!("__babelqueue_arg{i}"), Span::mixed_site());
+                // Spanned at the argument's type: a type the router cannot build is
+                // reported there, once.
+                let (first, last) = first_last(ty);
+                let path = respan(quote!(#private::extract::<), first);
+                let close = respan(quote!(>), last);
+                let mut args_group = Group::new(Delimiter::Parenthesis, quote!(&#envelope, #state));
+                args_group.set_span(last);
+                lets.push(quote! {
+                    let #local = match #path #ty #close #args_group {
+                        ::core::result::Result::Ok(v) => v,
+                        ::core::result::Result::Err(#error) => return #private::rejected(#error),
+                    };
+                });
+                call_args.push(quote!(#local));
+            }
+        }
+    }
+    let binding = if needs_mut {
+        quote!(mut #envelope)
     } else {
-        let target = quote!(fn(#env_ty) -> #ret_ty);
-        let deref_body = quote! {
-            static __BABELQUEUE_HANDLER: #target = #inner_name;
-            &__BABELQUEUE_HANDLER
-        };
-        let route = routable(&ret_ty, &private, ret_first, ret_last);
-        let method = quote_spanned!(ret_last=> route_sync);
-        let route = quote!(#route #method);
-        let call_body = spanned_call(route, quote!(move || #inner_name(#env_arg)), ret_last);
-        (target, deref_body, call_body)
+        quote!(#envelope)
     };
-
+    let ret_ty = shape.ret.ty();
+    let (ret_first, ret_last) = match &sig.output {
+        ReturnType::Type(_, t) => first_last(t),
+        ReturnType::Default => first_last(name),
+    };
+    let (name_first, name_last) = first_last(name);
+    // The call of the fn, spanned at its name: a future that is not `Send` is reported
+    // at the fn, naming it.
+    let mut call_group = Group::new(Delimiter::Parenthesis, quote!(#(#call_args),*));
+    call_group.set_span(name_last);
+    let call = quote!(#callee #call_group);
+    let routable_path = routable(&ret_ty, private, ret_first, ret_last);
+    let route = if sig.asyncness.is_some() {
+        let method = quote_spanned!(ret_last=> route_async);
+        let body = respan(quote!(async move), name_first);
+        let mut block = Group::new(Delimiter::Brace, quote!(#call.await));
+        block.set_span(name_last);
+        spanned_call(
+            quote!(#routable_path #method),
+            quote!(#body #block),
+            ret_last,
+        )
+    } else {
+        let method = quote_spanned!(ret_last=> route_sync);
+        let closure = respan(quote!(move ||), name_first);
+        spanned_call(
+            quote!(#routable_path #method),
+            quote!(#closure #call),
+            ret_last,
+        )
+    };
+    // The type lives under a name of its own, and `charge` is an alias of it: if the
+    // name `charge` is taken in the type namespace (a `mod charge`), only the alias
+    // conflicts, so the user gets one error, at the fn's name.
+    let hidden = Ident::new(&format!("{LOCAL_PREFIX}handler_{name}"), name.span());
+    let alias = respan(quote!(#vis type), name_first);
+    let semi = quote_spanned!(name_last=> ;);
     quote! {
-        #(#fn_attrs)*
-        #sig #block
-
         #[doc = #struct_doc]
         #(#cfgs)*
+        #(#deprecated)*
         #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy)]
-        #vis struct #name {
-            _handler: (),
-        }
+        #alias #name = #hidden #semi
 
-        #(#docs)*
+        #[doc(hidden)]
         #(#cfgs)*
-        #[allow(non_upper_case_globals)]
-        #vis const #name: #name = #name { _handler: () };
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, Default)]
+        #vis struct #hidden {}
 
         #(#cfgs)*
-        impl ::core::ops::Deref for #name {
-            type Target = #target;
-            fn deref(&self) -> &Self::Target {
-                #deref_body
-            }
-        }
-
-        #(#cfgs)*
-        impl #private::Handler for #name {
-            fn urn(&self) -> &str {
+        #[allow(deprecated)]
+        impl #private::TypedHandler for #hidden {
+            fn serves(&self) -> &str {
                 #urn
             }
-            fn call(
+            fn call_with(
                 &self,
                 #binding: #private::Envelope,
+                #state: &#private::StateMap,
             ) -> #private::BoxFuture<'static, #private::HandlerOutput> {
-                #call_body
+                #(#lets)*
+                #route
             }
         }
     }

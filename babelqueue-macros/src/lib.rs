@@ -88,13 +88,22 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// fn charge(env: &Envelope) -> Result<(), ChargeError> {
-///     let __babelqueue_key = KeySource::owned_key(&*env);           // env.meta.id
-///     SyncGuard::<Result<(), ChargeError>>::guard(&(STORE), __babelqueue_key, None, || {
-///         println!("charging {}", env.data["amount"]);               // your body
-///         Ok(())
-///     })
+///     let key = KeySource::owned_key(&*env);                  // env.meta.id
+///     SyncGuard::<<Result<(), ChargeError> as IdempotentReturn>::Kind>::guard(
+///         &STORE, key, None,
+///         || -> Result<(), ChargeError> {
+///             println!("charging {}", env.data["amount"]);     // your body
+///             Ok(())
+///         },
+///     )
 /// }
 /// ```
+///
+/// Generated locals are mixed-site (hygienic): a parameter of yours named like one is
+/// never shadowed. The body of an `async fn` starts with a "fake return" at the
+/// declared return type (as `tracing`'s `#[instrument]` does), so `return
+/// Err(Box::new(io_error))` into `Box<dyn Error + Send + Sync>`, or a tail `Err(&string)`
+/// into `&str`, coerce exactly as without the attribute.
 ///
 /// The guard is the contract every BabelQueue SDK shares: no usable key → the body runs
 /// and nothing is remembered (fail open); key seen → skip; otherwise run, and remember
@@ -107,7 +116,7 @@ use proc_macro::TokenStream;
 ///
 /// | argument | meaning |
 /// | --- | --- |
-/// | `store = <expr>` | **Required.** The seen-set store: any expression, evaluated on every call and borrowed for it: a `static` (`std::sync::LazyLock` or `once_cell::sync::Lazy`), a path (`stores::PAYMENTS`), `&*STORE`, a field (`self.store`), a parameter, a function call, an `Arc`. A sync fn needs a [`Store`], an `async fn` an [`AsyncStore`]. |
+/// | `store = <expr>` | **Required.** The seen-set store: any expression, evaluated on every call and borrowed for it: a parameter (in a `#[handler]`, `store: State<S>` from the router's state, so a store picked at start-up needs no `static`), a `static` (`std::sync::LazyLock` or `once_cell::sync::Lazy`), a path (`stores::PAYMENTS`), `&*STORE`, a field (`self.store`), a function call, an `Arc`. A sync fn needs a [`Store`], an `async fn` an [`AsyncStore`]. |
 /// | `key = <expr>` | The dedupe key instead of `meta.id`, with the fn's parameters in scope: a business id such as `key = env.data.get("payment_id")`, because a client that retries publishes a *new* message with a new `meta.id`. Any [`DedupeKey`]: strings, integers, `Uuid`, JSON values, `Option`s of them. An absent or empty key fails open (the body runs). With `key`, the fn needs no `Envelope` parameter. |
 /// | `ttl = "24h"` | How long the key stays remembered, where the store supports expiry (default: the store's own). A literal checked at compile time: a number and a unit (`ms`, `s`, `m`, `h`, `d`), or several, largest first: `"500ms"`, `"30s"`, `"15m"`, `"7d"`, `"1h30m"`. |
 /// | `lease = "30s"` | Lease mode: claim the key atomically before running, so two workers never run it at the same moment; the claim expires by itself after the lease (a crashed worker does not block the id forever). A key in flight elsewhere returns [`InFlight`] (converted into your error, so it must implement `From<InFlight>`): do not ack, retry later. Needs a [`LeaseStore`] / [`AsyncLeaseStore`] and a `Result<(), E>` return. |
@@ -119,14 +128,16 @@ use proc_macro::TokenStream;
 /// - the envelope as `Envelope`, `&Envelope` or `&mut Envelope`, at any position among
 ///   other parameters (any type path ending in `Envelope`);
 /// - free fns, and methods with `&self`, `&mut self` or `self` in `impl` blocks; generic
-///   fns, `impl Trait` arguments, where-clauses, lifetimes;
+///   fns, `impl Trait` arguments, where-clauses, lifetimes (a store generic over `S`
+///   needs the bound `S::Error: IntoHandlerError<E>`: `E: From<S::Error>` alone does not
+///   cover the stores that cannot fail, whose error converts into any `E`);
 /// - return type `()` (only with a store that cannot fail, such as `InMemoryStore`) or
 ///   `Result<(), E>` where the store's error converts into `E` (any `E` with an
 ///   infallible store); `?` and early `return` behave exactly as before;
 /// - any other attributes, above or below: doc comments, `#[cfg]`, `#[allow]`, inner
 ///   attributes, `#[tracing::instrument]`, `#[handler]`; any visibility.
 ///
-/// A `const fn` or an `unsafe fn` is rejected (the guard calls the store at run time; the
+/// A `const fn`, an `unsafe fn` or an `extern` fn is rejected (the guard calls the store at run time; the
 /// runtime cannot uphold an unsafe fn's contract). A skipped duplicate has no value to
 /// return, so `Result<T, E>` with `T` other than `()` is rejected too.
 ///
@@ -172,39 +183,49 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Declares the URN a handler serves, next to the handler, so a `Router` learns it from
-/// the handler itself: `router.register(charge)`.
+/// the handler itself: `router.register(charge {})`.
 ///
 /// ```
-/// use std::sync::LazyLock;
-/// use babelqueue::{Envelope, InMemoryStore, Outcome, Router, handler, idempotent};
+/// use babelqueue::{Attempts, Envelope, InMemoryStore, Json, Outcome, Router, State};
+/// use babelqueue::{handler, idempotent};
 ///
-/// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+/// #[derive(serde::Deserialize)]
+/// struct Payment { amount: u64 }
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("card declined")]
 /// pub struct ChargeError;
 ///
-/// /// Charges a payment, once per `meta.id`.
+/// /// Charges a payment, once per `meta.id`, with the store from the router's state.
 /// #[handler("urn:babel:payments:charge")]
-/// #[idempotent(store = STORE)]
-/// async fn charge(env: &Envelope) -> Result<(), ChargeError> {
+/// #[idempotent(store = store)]
+/// async fn charge(
+///     Json(payment): Json<Payment>,
+///     store: State<InMemoryStore>,
+///     env: &Envelope,
+/// ) -> Result<(), ChargeError> {
+///     println!("charging {}", payment.amount);
 ///     Ok(())
 /// }
 ///
 /// /// Records a refund (sync handlers work too).
 /// #[handler("urn:babel:payments:refund")]
-/// fn refund(env: &Envelope) {}
+/// fn refund(env: &Envelope, attempts: Attempts) {}
 ///
 /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
 /// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
 ///
-/// // A unit test calls the handler directly, as before.
-/// charge(&env).await?;
+/// // The router learns both URNs from the handlers: no URN is written twice. The
+/// // store is an ordinary value handed to the router, not a `static`.
+/// let router = Router::new()
+///     .state(InMemoryStore::new())
+///     .register(charge {})
+///     .register(refund {});
+/// assert_eq!(router.dispatch(env.clone()).await?.map_err(|e| e.to_string())?, Some(Outcome::Ran));
+/// assert_eq!(router.dispatch(env).await?.map_err(|e| e.to_string())?, Some(Outcome::Skipped));
 ///
-/// // The router learns both URNs from the handlers: no URN is written twice.
-/// let router = Router::new().register(charge).register(refund);
-/// let outcome = router.dispatch(env).await?.map_err(|e| e.to_string())?;
-/// assert_eq!(outcome, Some(Outcome::Skipped)); // the direct call above handled it
+/// // The fn is still a plain fn: a unit test calls it directly.
+/// refund(&Envelope::new("urn:babel:payments:refund", serde_json::json!({}))?, Attempts(0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -212,32 +233,78 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// # What the expansion does
 ///
-/// `#[handler("urn:babel:payments:charge")] fn charge(env: &Envelope) -> R { ... }`
-/// becomes:
+/// `#[handler("urn:babel:payments:charge")] async fn charge(...) -> R { ... }` keeps the
+/// fn exactly as written (name, attributes, signature, body: backtraces, `tracing`
+/// spans, `#[must_use]` and `#[deprecated]` behave as without the attribute) and adds,
+/// in the type namespace, a handler type of the same name, like Rocket's routes:
 ///
-/// - your fn, unchanged but renamed `__babelqueue_handler_charge` and private, keeping
-///   every other attribute (a `#[idempotent]` below or above still applies to it);
-/// - a type and a constant both named `charge`, with your doc comments (and your `#[cfg]`
-///   attributes) and your visibility. The constant is the value you pass around:
-///   - it implements `Handler`: `urn()` returns the literal, `call()` runs the fn for
-///     the router (a sync fn on tokio's blocking pool, an async fn as a task's future),
-///     reporting whether a guard inside it ran or skipped;
-///   - it dereferences to a fn pointer, so `charge(&env)` (sync) and `charge(&env).await`
-///     (async) keep working: `fn(&Envelope) -> R`, or for an `async fn`
-///     `fn(&Envelope) -> BoxFuture<'_, R>` (by-value `Envelope` parameters stay by value).
+/// - `charge` is a type alias of a hidden unit-like struct, so `charge {}` is the value
+///   a router registers (`Router::register(charge {})`); it carries your `#[cfg]` and
+///   `#[deprecated]` attributes;
+/// - it implements `TypedHandler`: `serves()` returns the literal; `call_with(envelope,
+///   state)` builds each argument, then runs the fn (a sync fn on tokio's blocking pool,
+///   an async fn as a task's future), reporting whether a guard inside it ran or
+///   skipped.
+///
+/// A `mod charge` beside a handler `charge` is one error at the fn's name (both live in
+/// the type namespace): rename one.
+///
+/// # Arguments
+///
+/// In any order, each built before the body runs:
+///
+/// | argument | what it receives |
+/// | --- | --- |
+/// | `Json<T>` (or `Json(x): Json<T>`) | the payload (`data`) deserialized with serde into `T: DeserializeOwned` |
+/// | `State<T>` | shared state of type `T`, added once with `Router::state(value)` (behind an `Arc`; `T` need not be `Clone`) |
+/// | `Attempts` | how many times the message was delivered before (`0` the first time) |
+/// | `Meta` | the envelope's `meta` block |
+/// | `&Envelope`, `&mut Envelope`, `Envelope` | the envelope (by value at most once) |
+/// | any `T: FromEnvelope` | your own extractor |
+///
+/// A payload that does not deserialize into `T` is a permanent failure: the body does
+/// not run, and the router returns a `PayloadError` (serde's message as its source),
+/// which the runtime dead-letters at once as `failed`. A `State<T>` the router does not
+/// hold is a `MissingState` error (the body does not run; the message is retried like
+/// any failure). The lease's fencing token is not an argument yet.
+///
+/// # Associated fns
+///
+/// Put `#[handler]` (without a URN) on the `impl` block and `#[handler("urn:...")]` on
+/// each handler fn inside it; each gets a handler type named like the fn beside the
+/// impl, registered the same way (`register(charge {})`):
+///
+/// ```
+/// use babelqueue::{Envelope, Router, handler};
+///
+/// struct Payments;
+///
+/// #[handler]
+/// impl Payments {
+///     #[handler("urn:babel:payments:charge")]
+///     fn charge(env: &Envelope) {}
+/// }
+///
+/// let router = Router::new().register(charge {});
+/// # assert_eq!(router.urns().count(), 1);
+/// ```
+///
+/// A `#[handler("urn:...")]` fn inside an `impl` without `#[handler]` on the impl
+/// cannot add its type there (rustc: "struct is not supported in `trait`s or `impl`s").
 ///
 /// # Rules
 ///
 /// - the argument is the URN as a string literal: non-empty, no whitespace, starting with
 ///   `urn:` and without an empty part (`"urn:babel:payments:charge"`); an optional
 ///   `crate = <path>` follows it, as for `#[idempotent]`;
-/// - the handler is a free fn (not a method), not generic, taking exactly one parameter,
-///   the envelope (`Envelope`, `&Envelope` or `&mut Envelope`), sync or `async`;
+/// - the handler is not generic, takes no `self`, is neither `unsafe` nor `extern`;
+///   every parameter is the envelope or a type the router can build (no other
+///   borrowed argument, no `impl Trait`);
 /// - it returns `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync +
 ///   'static` (what the runtime records when it retries or dead-letters); an async
 ///   handler's future must be `Send`.
 ///
-/// Each rule broken is a compile error at the offending tokens.
+/// Each rule broken is one compile error at the offending tokens.
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::handler(args.into(), item.into()).into()

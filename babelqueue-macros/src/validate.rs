@@ -53,12 +53,9 @@ pub struct IdempotentShape {
     pub ret: Return,
 }
 
-/// The user's name for the handler, without the prefix `#[handler]` gives the fn it wraps.
+/// The user's name for the fn.
 pub fn display_name(sig: &Signature) -> String {
-    let name = sig.ident.to_string();
-    name.strip_prefix(crate::expand::HANDLER_FN_PREFIX)
-        .map(str::to_owned)
-        .unwrap_or(name)
+    sig.ident.to_string()
 }
 
 /// Checks the fn under `#[idempotent]`.
@@ -80,7 +77,9 @@ pub fn idempotent(f: &ItemFn, args: &IdempotentArgs, errors: &mut Errors) -> Ide
              unsafe operation in an `unsafe { ... }` block inside it",
         );
     }
-    if let Some(v) = &sig.variadic {
+    if sig.abi.is_some() {
+        extern_abi("idempotent", sig, errors);
+    } else if let Some(v) = &sig.variadic {
         errors.error(v.span(), "#[idempotent] cannot go on a variadic fn");
     }
 
@@ -302,26 +301,40 @@ fn is_unit(ty: &Type) -> bool {
     matches!(peel(ty), Type::Tuple(t) if t.elems.is_empty())
 }
 
+/// One parameter of a `#[handler]` fn, as the router passes it.
+pub enum HandlerArg {
+    /// The envelope, held as written.
+    Envelope(EnvRef),
+    /// Any other argument, built with `FromEnvelope` (its type as written).
+    Extract(Box<Type>),
+}
+
 /// What `#[handler]` needs to know about the fn.
 pub struct HandlerShape {
-    pub env: EnvRef,
-    pub env_ty: Type,
+    pub args: Vec<HandlerArg>,
     pub ret: Return,
 }
 
-/// Checks the fn under `#[handler]`: a free, non-generic fn taking only the envelope.
+/// The error for an `extern "ABI"` fn, the same for both macros.
+pub fn extern_abi(macro_name: &str, sig: &Signature, errors: &mut Errors) {
+    if let Some(abi) = &sig.abi {
+        errors.push(syn::Error::new_spanned(
+            abi,
+            format!(
+                "#[{macro_name}] cannot go on an `extern` fn: a handler is called by the runtime \
+                 as a Rust fn; remove `{}` (keep a separate `extern` fn that calls it if C \
+                 needs one)",
+                tokens_text(abi)
+            ),
+        ));
+    }
+}
+
+/// Checks the fn under `#[handler]`: not a method, not generic, each parameter the
+/// envelope or a type the router can build.
 pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
     let sig = &f.sig;
     let mut ok = true;
-    if let Some(recv) = sig.receiver() {
-        errors.push(syn::Error::new_spanned(
-            recv,
-            "#[handler] goes on a free fn, not a method: the router calls it with the envelope \
-             alone; move it out of the `impl`, or route a closure with `Router::route_sync` / \
-             `Router::route_async`",
-        ));
-        return None;
-    }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         let at = if sig.generics.params.is_empty() {
             sig.generics.where_clause.to_token_stream()
@@ -331,7 +344,7 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
         errors.push(syn::Error::new_spanned(
             at,
             "a #[handler] fn cannot be generic: the router calls one concrete fn; remove the \
-             generic parameters (reach shared state through a `static`)",
+             generic parameters (shared values come in as `State<T>` arguments)",
         ));
         ok = false;
     }
@@ -343,49 +356,70 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
         );
         ok = false;
     }
-    let name = display_name(sig);
-    let params: Vec<_> = sig.inputs.iter().collect();
-    let mut env = None;
-    match params.as_slice() {
-        [] => {
-            errors.error(
-                sig.paren_token.span.join(),
-                format!(
-                    "a #[handler] fn takes the envelope as its one parameter, but `{name}` has \
-                     none; write `fn {name}(env: &Envelope)`"
-                ),
-            );
-            ok = false;
-        }
-        [FnArg::Typed(pt)] => match envelope_ref(&pt.ty) {
-            Some(by) => env = Some((by, (*pt.ty).clone())),
-            None => {
+    if sig.abi.is_some() {
+        extern_abi("handler", sig, errors);
+        ok = false;
+    }
+    if let Some(v) = &sig.variadic {
+        errors.error(v.span(), "#[handler] cannot go on a variadic fn");
+        ok = false;
+    }
+    let mut args = Vec::new();
+    let mut owned_envelopes = 0;
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(recv) => {
                 errors.push(syn::Error::new_spanned(
-                    &pt.ty,
-                    format!(
-                        "a #[handler] fn takes the envelope as its one parameter, found `{}`; \
-                         write `env: &Envelope` (or `env: Envelope`)",
-                        tokens_text(&pt.ty)
-                    ),
+                    recv,
+                    "a #[handler] fn cannot take `self`: the router has no value to call it \
+                     on; take what you need as a `State<T>` argument (added with \
+                     `Router::state`)",
                 ));
                 ok = false;
             }
-        },
-        [_, extra @ ..] if !extra.is_empty() => {
-            let rest: TokenStream = extra.iter().map(|a| a.to_token_stream()).collect();
-            errors.push(syn::Error::new_spanned(
-                rest,
-                format!(
-                    "a #[handler] fn takes exactly one parameter, the envelope, but `{name}` has \
-                     {}: the router passes the envelope alone; reach other state through a \
-                     `static`, or route a closure with `Router::route_sync` / \
-                     `Router::route_async`",
-                    params.len()
-                ),
-            ));
-            ok = false;
+            FnArg::Typed(pt) => {
+                if let Some(by) = envelope_ref(&pt.ty) {
+                    if by == EnvRef::Owned {
+                        owned_envelopes += 1;
+                    }
+                    args.push(HandlerArg::Envelope(by));
+                    continue;
+                }
+                match peel(&pt.ty) {
+                    Type::Reference(r) => {
+                        errors.push(syn::Error::new_spanned(
+                            &pt.ty,
+                            format!(
+                                "a #[handler] argument cannot borrow `{}`: the router builds \
+                                 each argument for the call and only the envelope can be \
+                                 borrowed (`&Envelope`); take it by value, e.g. `State<{}>` \
+                                 for shared state",
+                                tokens_text(&r.elem),
+                                tokens_text(&r.elem)
+                            ),
+                        ));
+                        ok = false;
+                    }
+                    Type::ImplTrait(_) => {
+                        errors.push(syn::Error::new_spanned(
+                            &pt.ty,
+                            "a #[handler] argument cannot be `impl Trait`: the router builds \
+                             one concrete type per argument; name the type",
+                        ));
+                        ok = false;
+                    }
+                    _ => args.push(HandlerArg::Extract(pt.ty.clone())),
+                }
+            }
         }
-        _ => ok = false,
+    }
+    if owned_envelopes > 1 {
+        errors.error(
+            sig.paren_token.span.join(),
+            "a #[handler] fn takes the envelope by value at most once; borrow it for the \
+             other parameters (`&Envelope`)",
+        );
+        ok = false;
     }
     let ret = match &sig.output {
         ReturnType::Default => Return::Unit,
@@ -402,8 +436,7 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
             Return::Typed(ty.clone())
         }
     };
-    let (env, env_ty) = env?;
-    ok.then_some(HandlerShape { env, env_ty, ret })
+    ok.then_some(HandlerShape { args, ret })
 }
 
 /// The error for an attribute put on something that is not a fn with a body.

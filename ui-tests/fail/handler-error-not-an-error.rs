@@ -10,5 +10,5 @@ fn charge(env: &Envelope) -> Result<(), Declined> {
 }
 
 fn main() {
-    let _ = Router::new().register(charge);
+    let _ = Router::new().register(charge {});
 }

@@ -61,10 +61,10 @@ async fn main() {
 
     // Registered by name: the router learns each URN from its handler.
     let router = Router::new()
-        .register(charge)
-        .register(refund)
-        .register(order_created)
-        .register(order_shipped);
+        .register(charge {})
+        .register(refund {})
+        .register(order_created {})
+        .register(order_shipped {});
     let mut urns: Vec<&str> = router.urns().collect();
     urns.sort_unstable();
     assert_eq!(

@@ -1,8 +1,8 @@
 use babelqueue::{Envelope, handler};
 
 #[handler("urn:babel:payments:charge")]
-fn charge(env: &Envelope, gateway: &str) {
-    let _ = (env, gateway);
+extern "C" fn charge(env: &Envelope) {
+    let _ = env;
 }
 
 fn main() {}
