@@ -338,7 +338,7 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a dedupe key",
     label = "`key = ...` must give a string, an integer, a `Uuid`, a JSON value, an `Envelope`, or an `Option` of one",
-    note = "implement `babelqueue::DedupeKey` for `{Self}`, or convert it (e.g. `key = x.to_string()`)"
+    note = "convert it to a string (e.g. `key = x.to_string()`), or give it a type of your own implementing `babelqueue::DedupeKey`"
 )]
 pub trait KeySource {
     /// The key as an owned string (`None`: no usable key, fail open). The expansion
@@ -357,7 +357,7 @@ impl<T: DedupeKey + ?Sized> KeySource for T {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a return type #[handler] supports",
     label = "the router needs `()` or `Result<(), E>` where `E` implements `std::error::Error + Send + Sync + 'static`",
-    note = "the runtime acks, retries or dead-letters on the handler's result and records its error; derive `thiserror::Error` (or implement `std::error::Error`) for the error type"
+    note = "the runtime acks, retries or dead-letters on the handler's result and records its error; return an error type of your own deriving `thiserror::Error` (or implementing `std::error::Error`), or `Box<dyn std::error::Error + Send + Sync>`"
 )]
 pub trait RoutableReturn: Sized {
     /// Runs a sync `#[handler]` for the router.

@@ -4,6 +4,7 @@
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::{AttrStyle, Attribute, Expr, Ident, ItemFn, ReturnType};
 
 use crate::attr::{self, Errors, IdempotentArgs};
@@ -625,7 +626,10 @@ fn handler_type(
     // The type lives under a name of its own, and `charge` is an alias of it: if the
     // name `charge` is taken in the type namespace (a `mod charge`), only the alias
     // conflicts, so the user gets one error, at the fn's name.
-    let hidden = Ident::new(&format!("{LOCAL_PREFIX}handler_{name}"), name.span());
+    let hidden = Ident::new(
+        &format!("{LOCAL_PREFIX}handler_{}", name.unraw()),
+        name.span(),
+    );
     let alias = respan(quote!(#vis type), name_first);
     let semi = quote_spanned!(name_last=> ;);
     quote! {

@@ -1,7 +1,8 @@
 //! What compiles without the macros compiles with them: return-type coercions in async
 //! bodies, parameters named like generated locals, a handler named `envelope` beside
 //! others, the fn's own name (type name, fn pointer, `#[tracing::instrument]`),
-//! `#[must_use]`, `#[deprecated]` at call sites only, and a generic store bound with
+//! `#[must_use]`, `#[deprecated]` at call sites only, a raw identifier as a handler's
+//! name, and a generic store bound with
 //! `IntoHandlerError`.
 #![deny(warnings, missing_docs)]
 
@@ -60,6 +61,12 @@ pub fn old(env: &Envelope) {
     let _ = env;
 }
 
+/// A raw identifier as the name.
+#[handler("urn:babel:system:type")]
+pub fn r#type(env: &Envelope) {
+    let _ = env;
+}
+
 /// Traced under its own name.
 #[handler("urn:babel:system:traced")]
 #[tracing::instrument(skip_all)]
@@ -107,7 +114,9 @@ async fn main() {
         .register(envelope {})
         .register(other {})
         .register(old {})
-        .register(traced {});
-    assert_eq!(router.urns().count(), 4);
+        .register(traced {})
+        .register(r#type {});
+    assert_eq!(router.urns().count(), 5);
+    r#type(&env);
     assert_eq!(envelope {}.serves(), "urn:babel:system:envelope");
 }
