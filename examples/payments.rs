@@ -205,7 +205,7 @@ fn payment_with_id(queue: &str, payment_id: &str) -> Result<Vec<u8>, EnvelopeErr
 fn app(transport: impl Transport, queue: &str) -> App {
     App::new(transport)
         .queue(queue)
-        .register(charge)
+        .register(charge {})
         .on_delivery(report)
 }
 
@@ -344,7 +344,7 @@ async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
         .concurrency(o.concurrency)
         .on_delivery(report);
     app = match o.lease {
-        None => app.register(charge),
+        None => app.register(charge {}),
         Some(lease) => app.route_async(CHARGE, move |env: Envelope| {
             let backend = backend.clone();
             async move { backend.charge(env, lease).await }

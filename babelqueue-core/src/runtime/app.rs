@@ -12,7 +12,7 @@ use super::transport::{Transport, TransportError};
 use super::worker::{Mode, consume};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::guard::HandlerResult;
-use crate::handler::{BoxError, Handler, Router};
+use crate::handler::{BoxError, Router, TypedHandler};
 
 /// What to do with a message whose URN has no registered handler (SPEC section 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -225,10 +225,26 @@ impl App {
         self
     }
 
-    /// Registers a handler under the URN it declares (e.g. a `#[handler("urn:…")]` fn).
+    /// Registers a handler under the URN it declares: for a `#[handler("urn:…")] fn charge`,
+    /// the same-named type the attribute adds, written `charge {}`.
     #[must_use]
-    pub fn register<H: Handler>(mut self, handler: H) -> Self {
+    pub fn register<H: TypedHandler>(mut self, handler: H) -> Self {
         Arc::make_mut(&mut self.router).add(handler);
+        self
+    }
+
+    /// Adds shared state to the router, injected by type into handlers that take a
+    /// [`State<T>`](crate::extract::State) argument (see [`Router::state`]).
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{App, InMemoryTransport};
+    /// struct Gateway { fee: u32 }
+    /// let app = App::new(InMemoryTransport::new()).state(Gateway { fee: 30 });
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        Arc::make_mut(&mut self.router).add_state(value);
         self
     }
 

@@ -354,8 +354,11 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
             } else if probe.store_failed() || in_chain::<StoreUnavailable>(inner) {
                 Happened::StoreUnavailable
             } else {
+                // A payload that does not deserialize into the handler's `Json<T>` fails
+                // the same way on every delivery: dead-lettered at once, not retried.
                 Happened::Failed {
-                    permanent: in_chain::<Permanent>(inner),
+                    permanent: in_chain::<Permanent>(inner)
+                        || in_chain::<crate::extract::PayloadError>(inner),
                 }
             };
             Verdict {
@@ -712,6 +715,16 @@ mod tests {
         assert_eq!(
             verdict(HandlerError::new(MyError::Boom)),
             Happened::Failed { permanent: false }
+        );
+        // A payload that does not deserialize is permanent.
+        use crate::extract::{FromEnvelope, Json, StateMap};
+        let env = crate::Envelope::new("urn:x", serde_json::json!({"amount": "not a number"}))
+            .expect("an envelope");
+        let payload = Json::<u32>::from_envelope(&env, &StateMap::default())
+            .expect_err("a string is not a u32");
+        assert_eq!(
+            verdict(HandlerError::new(payload)),
+            Happened::Failed { permanent: true }
         );
         // Text that merely looks like a marker is not one.
         let lookalike = std::io::Error::other(busy().to_string());
