@@ -29,6 +29,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::inflight;
 use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
@@ -85,6 +86,11 @@ tokio::task_local! {
 thread_local! {
     static CURRENT_SYNC: Cell<Option<(u64, Outcome)>> = const { Cell::new(None) };
     static CAPTURE_DEPTH: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether a sync handler capture ([`capture_outcome_sync`]) is active on this thread.
+pub(crate) fn capturing_sync() -> bool {
+    CAPTURE_DEPTH.with(Cell::get) > 0
 }
 
 fn record(outcome: Outcome) {
@@ -201,12 +207,13 @@ where
         handler().into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    if store
-        .seen(&key)
+    let _turn = inflight::turn_blocking(&key);
+    if inflight::store_before_sync(&key, || store.seen(&key))
         .map_err(IntoHandlerError::into_handler_error)?
     {
         return Ok(skipped(&key));
     }
+    inflight::handler_runs();
     handler().into_result()?;
     if let Err(err) = store.remember_for(&key, ttl) {
         remember_failed(&key, &err);
@@ -258,15 +265,16 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    if store
-        .seen(&key)
+    let _turn = inflight::turn_async(&key).await;
+    if inflight::store_before(&key, store.seen(&key))
         .await
         .map_err(IntoHandlerError::into_handler_error)?
     {
         return Ok(skipped(&key));
     }
+    inflight::handler_runs();
     handler.await.into_result()?;
-    if let Err(err) = store.remember_for(&key, ttl).await {
+    if let Err(err) = inflight::store_after(store.remember_for(&key, ttl)).await {
         remember_failed(&key, &err);
     }
     Ok(done(Outcome::Ran))
@@ -320,12 +328,13 @@ where
         handler().into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let token = match store
-        .claim(&key, lease)
+    let _turn = inflight::turn_blocking(&key);
+    let token = match inflight::store_before_sync(&key, || store.claim(&key, lease))
         .map_err(IntoHandlerError::into_handler_error)?
     {
         Claim::Completed => return Ok(skipped(&key)),
         Claim::InFlight => {
+            inflight::in_flight_elsewhere(&key);
             return Err(InFlight {
                 id: key.into_owned(),
             }
@@ -333,6 +342,7 @@ where
         }
         Claim::Acquired(token) => token,
     };
+    inflight::handler_runs();
     match handler().into_result() {
         Ok(()) => {
             match store.complete(&key, &token, ttl) {
@@ -374,13 +384,14 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let token = match store
-        .claim(&key, lease)
+    let _turn = inflight::turn_async(&key).await;
+    let token = match inflight::store_before(&key, store.claim(&key, lease))
         .await
         .map_err(IntoHandlerError::into_handler_error)?
     {
         Claim::Completed => return Ok(skipped(&key)),
         Claim::InFlight => {
+            inflight::in_flight_elsewhere(&key);
             return Err(InFlight {
                 id: key.into_owned(),
             }
@@ -388,9 +399,10 @@ where
         }
         Claim::Acquired(token) => token,
     };
+    inflight::handler_runs();
     match handler.await.into_result() {
         Ok(()) => {
-            match store.complete(&key, &token, ttl).await {
+            match inflight::store_after(store.complete(&key, &token, ttl)).await {
                 Ok(true) => {}
                 Ok(false) => tracing::warn!(
                     key = &*key,

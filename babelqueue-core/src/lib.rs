@@ -30,6 +30,7 @@ pub mod dyn_store;
 pub mod envelope;
 pub mod guard;
 pub mod handler;
+mod inflight;
 pub mod key;
 pub mod lease;
 mod macro_support;

@@ -6,15 +6,49 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use super::transport::{Delivery, Transport, TransportError};
+use super::transport::{Delivery, Recovered, Transport, TransportError};
 use crate::handler::BoxFuture;
+
+/// Elements are shared with the deliveries handed out, so a large body is not copied.
+type Elem = Arc<Vec<u8>>;
 
 #[derive(Default)]
 struct QueueState {
-    ready: VecDeque<Vec<u8>>,
-    /// In-flight messages by delivery tag (ordered by reservation).
-    processing: BTreeMap<u64, Vec<u8>>,
+    ready: VecDeque<Elem>,
+    /// In-flight messages by delivery tag (ordered by reservation), with their consumer.
+    processing: BTreeMap<u64, (u64, Elem)>,
+    /// Delayed messages by (due time, sequence).
+    delayed: BTreeMap<(Instant, u64), Elem>,
+    /// Heartbeat expiry per consumer id.
+    heartbeats: HashMap<u64, Instant>,
+    /// How many times an element was recovered from dead consumers.
+    recoveries: HashMap<Elem, u32>,
+}
+
+impl QueueState {
+    /// Moves up to `limit` due delayed messages to the tail of `ready`.
+    fn promote(&mut self, now: Instant, limit: usize) -> usize {
+        let mut moved = 0;
+        while moved < limit {
+            match self.delayed.first_key_value() {
+                Some((&(due, _), _)) if due <= now => {
+                    let (_, element) = self.delayed.pop_first().expect("checked above");
+                    self.ready.push_back(element);
+                    moved += 1;
+                }
+                _ => break,
+            }
+        }
+        moved
+    }
+
+    fn next_due(&self, now: Instant) -> Option<Duration> {
+        self.delayed
+            .first_key_value()
+            .map(|(&(due, _), _)| due.saturating_duration_since(now))
+    }
 }
 
 #[derive(Default)]
@@ -22,6 +56,7 @@ struct Inner {
     queues: Mutex<HashMap<String, QueueState>>,
     notify: Notify,
     next_tag: AtomicU64,
+    next_consumer: AtomicU64,
 }
 
 /// An in-process transport with the same semantics as the Redis reliable-queue pattern:
@@ -32,6 +67,12 @@ struct Inner {
 /// Cloning is cheap and every clone shares the same queues, so a test can keep one to
 /// inspect [`len`](Self::len) / [`processing_len`](Self::processing_len) while an
 /// [`App`](super::App) consumes.
+///
+/// Delayed messages ([`requeue`](Transport::requeue) with a delay) wait in a per-queue set
+/// ordered by due time on tokio's clock (so `tokio::time::pause()` tests work); a reserve
+/// promotes those that are due. A clone is the same consumer; [`consumer`](Self::consumer)
+/// gives another consumer over the same queues, with its own in-flight messages and
+/// heartbeat, so crash recovery ([`Transport::recover`]) can be exercised in process.
 ///
 /// ```
 /// use babelqueue_core::runtime::{App, InMemoryTransport};
@@ -51,6 +92,7 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct InMemoryTransport {
     inner: Arc<Inner>,
+    consumer: u64,
 }
 
 impl std::fmt::Debug for InMemoryTransport {
@@ -71,6 +113,29 @@ impl InMemoryTransport {
     /// An empty transport.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Another consumer over the same queues: its reservations are its own in-flight
+    /// messages, recovered by the others once its heartbeat expires (a clone, by contrast,
+    /// is the same consumer).
+    pub fn consumer(&self) -> Self {
+        InMemoryTransport {
+            inner: self.inner.clone(),
+            consumer: self.inner.next_consumer.fetch_add(1, Ordering::Relaxed) + 1,
+        }
+    }
+
+    /// Messages of `queue` waiting for their delay to pass.
+    pub fn delayed_len(&self, queue: &str) -> usize {
+        self.lock().get(queue).map_or(0, |q| q.delayed.len())
+    }
+
+    /// A copy of the delayed elements of `queue`, earliest due first.
+    pub fn delayed(&self, queue: &str) -> Vec<Vec<u8>> {
+        self.lock()
+            .get(queue)
+            .map(|q| q.delayed.values().map(|e| e.to_vec()).collect())
+            .unwrap_or_default()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, QueueState>> {
@@ -100,7 +165,7 @@ impl InMemoryTransport {
     pub fn messages(&self, queue: &str) -> Vec<Vec<u8>> {
         self.lock()
             .get(queue)
-            .map(|q| q.ready.iter().cloned().collect())
+            .map(|q| q.ready.iter().map(|e| e.to_vec()).collect())
             .unwrap_or_default()
     }
 
@@ -108,17 +173,24 @@ impl InMemoryTransport {
     pub fn processing(&self, queue: &str) -> Vec<Vec<u8>> {
         self.lock()
             .get(queue)
-            .map(|q| q.processing.values().cloned().collect())
+            .map(|q| q.processing.values().map(|(_, e)| e.to_vec()).collect())
             .unwrap_or_default()
     }
 
     fn try_reserve(&self, queue: &str) -> Option<Delivery> {
         let mut queues = self.lock();
         let q = queues.get_mut(queue)?;
+        q.promote(Instant::now(), usize::MAX);
         let element = q.ready.pop_front()?;
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed) + 1;
-        q.processing.insert(tag, element.clone());
-        Some(Delivery::new(queue, element, tag))
+        q.processing.insert(tag, (self.consumer, Arc::clone(&element)));
+        Some(Delivery::from_shared(queue, element, tag))
+    }
+
+    fn next_due_now(&self, queue: &str) -> Option<Duration> {
+        self.lock()
+            .get(queue)
+            .and_then(|q| q.next_due(Instant::now()))
     }
 }
 
@@ -132,7 +204,7 @@ impl Transport for InMemoryTransport {
             .entry(queue.to_owned())
             .or_default()
             .ready
-            .push_back(element);
+            .push_back(Arc::new(element));
         self.inner.notify.notify_waiters();
         Box::pin(std::future::ready(Ok(())))
     }
@@ -152,7 +224,15 @@ impl Transport for InMemoryTransport {
                 if let Some(d) = self.try_reserve(queue) {
                     return Ok(Some(d));
                 }
-                if timeout.is_zero() || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                if timeout.is_zero() {
+                    return Ok(None);
+                }
+                // Wake up when a delayed message becomes due, too.
+                let wake = match self.next_due_now(queue) {
+                    Some(due) => deadline.min(Instant::now() + due),
+                    None => deadline,
+                };
+                if tokio::time::timeout_at(wake, notified).await.is_err() && wake >= deadline {
                     return Ok(self.try_reserve(queue));
                 }
             }
@@ -160,8 +240,116 @@ impl Transport for InMemoryTransport {
     }
 
     fn ack<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<(), TransportError>> {
-        if let Some(q) = self.lock().get_mut(delivery.queue()) {
+        if let Some(q) = self.lock().get_mut(delivery.queue())
+            && let Some((_, element)) = q.processing.remove(&delivery.tag())
+            && !q.recoveries.is_empty()
+        {
+            q.recoveries.remove(&element);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn requeue<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        element: Vec<u8>,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        {
+            let mut queues = self.lock();
+            let q = queues.entry(delivery.queue().to_owned()).or_default();
             q.processing.remove(&delivery.tag());
+            let element = Arc::new(element);
+            if delay.is_zero() {
+                q.ready.push_back(element);
+            } else {
+                let seq = self.inner.next_tag.fetch_add(1, Ordering::Relaxed) + 1;
+                q.delayed.insert((Instant::now() + delay, seq), element);
+            }
+        }
+        // Wake blocked reserves: either to take the message, or to re-arm their timer on
+        // the new earliest due time.
+        self.inner.notify.notify_waiters();
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn promote_due<'a>(
+        &'a self,
+        queue: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        let n = self
+            .lock()
+            .get_mut(queue)
+            .map_or(0, |q| q.promote(Instant::now(), limit));
+        if n > 0 {
+            self.inner.notify.notify_waiters();
+        }
+        Box::pin(std::future::ready(Ok(n)))
+    }
+
+    fn next_due<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
+        Box::pin(std::future::ready(Ok(self.next_due_now(queue))))
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        queue: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.lock()
+            .entry(queue.to_owned())
+            .or_default()
+            .heartbeats
+            .insert(self.consumer, Instant::now() + ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn recover<'a>(
+        &'a self,
+        queue: &'a str,
+        max_recoveries: u32,
+    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
+        let mut out = Recovered::default();
+        if let Some(q) = self.lock().get_mut(queue) {
+            let now = Instant::now();
+            let me = self.consumer;
+            let alive = |c: u64, hb: &HashMap<u64, Instant>| {
+                c == me || hb.get(&c).is_some_and(|&until| until > now)
+            };
+            let dead: Vec<u64> = q
+                .processing
+                .iter()
+                .filter(|(_, (c, _))| !alive(*c, &q.heartbeats))
+                .map(|(&tag, _)| tag)
+                .collect();
+            for tag in dead {
+                let Some((_, element)) = q.processing.remove(&tag) else {
+                    continue;
+                };
+                let count = q.recoveries.entry(Arc::clone(&element)).or_insert(0);
+                if *count >= max_recoveries {
+                    q.processing.insert(tag, (me, Arc::clone(&element)));
+                    out.exhausted.push(Delivery::from_shared(queue, element, tag));
+                } else {
+                    *count += 1;
+                    q.ready.push_back(element);
+                    out.requeued += 1;
+                }
+            }
+        }
+        if out.requeued > 0 {
+            self.inner.notify.notify_waiters();
+        }
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        if let Some(q) = self.lock().get_mut(queue) {
+            q.heartbeats.remove(&self.consumer);
         }
         Box::pin(std::future::ready(Ok(())))
     }
@@ -174,7 +362,7 @@ impl Transport for InMemoryTransport {
             Some(q) => {
                 let stranded = std::mem::take(&mut q.processing);
                 let n = stranded.len();
-                for element in stranded.into_values().rev() {
+                for (_, element) in stranded.into_values().rev() {
                     q.ready.push_front(element);
                 }
                 n
@@ -230,6 +418,93 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeue_with_delay_waits_on_tokio_clock_and_wakes_a_blocked_reserve() {
+        let t = InMemoryTransport::new();
+        t.publish_raw("q", b"m".to_vec()).await.unwrap();
+        let d = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+        t.requeue(&d, b"m2".to_vec(), Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert_eq!(
+            (t.processing_len("q"), t.delayed_len("q"), t.len("q")),
+            (0, 1, 0)
+        );
+        assert_eq!(
+            t.next_due("q").await.unwrap(),
+            Some(Duration::from_millis(300))
+        );
+        assert!(t.reserve("q", Duration::ZERO).await.unwrap().is_none());
+        let start = Instant::now();
+        let got = t
+            .reserve("q", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.element(), b"m2");
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+        assert_eq!(t.next_due("q").await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn promote_due_moves_only_due_messages_to_the_tail() {
+        let t = InMemoryTransport::new();
+        for b in [b"a", b"b", b"c"] {
+            t.publish_raw("q", b.to_vec()).await.unwrap();
+        }
+        let a = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+        let b = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+        t.requeue(&a, b"a".to_vec(), Duration::from_millis(100))
+            .await
+            .unwrap();
+        t.requeue(&b, b"b".to_vec(), Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(t.promote_due("q", 10).await.unwrap(), 0);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(t.promote_due("q", 10).await.unwrap(), 1);
+        assert_eq!(t.messages("q"), vec![b"c".to_vec(), b"a".to_vec()]);
+        assert_eq!(
+            t.next_due("q").await.unwrap(),
+            Some(Duration::from_millis(50))
+        );
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert_eq!(t.next_due("q").await.unwrap(), Some(Duration::ZERO));
+        assert_eq!(t.promote_due("q", 10).await.unwrap(), 1);
+        assert_eq!(t.delayed_len("q"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recover_takes_only_dead_consumers_messages_and_exhausts_after_the_limit() {
+        let live = InMemoryTransport::new();
+        live.publish_raw("q", b"x".to_vec()).await.unwrap();
+        live.publish_raw("q", b"y".to_vec()).await.unwrap();
+        let alive = live.consumer();
+        alive.heartbeat("q", Duration::from_secs(10)).await.unwrap();
+        let _held = alive.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+        for round in 0..3 {
+            let dead = live.consumer();
+            dead.heartbeat("q", Duration::from_secs(1)).await.unwrap();
+            let _d = dead.reserve("q", Duration::ZERO).await.unwrap().unwrap();
+            // Alive until its heartbeat expires.
+            assert_eq!(live.recover("q", 2).await.unwrap().requeued, 0);
+            tokio::time::advance(Duration::from_secs(2)).await;
+            alive.heartbeat("q", Duration::from_secs(10)).await.unwrap();
+            let r = live.recover("q", 2).await.unwrap();
+            if round < 2 {
+                assert_eq!((r.requeued, r.exhausted.len()), (1, 0));
+            } else {
+                assert_eq!((r.requeued, r.exhausted.len()), (0, 1));
+                assert_eq!(r.exhausted[0].element(), b"y");
+                // Now in the recovering consumer's in flight: its ack removes it.
+                live.ack(&r.exhausted[0]).await.unwrap();
+            }
+        }
+        // The live consumer's message was never touched.
+        assert_eq!(live.processing("q"), vec![b"x".to_vec()]);
+        assert_eq!(live.len("q"), 0);
     }
 
     #[tokio::test]

@@ -37,5 +37,5 @@ pub use app::{App, Disposition, DrainError, PublishError, Report, Stats, Unknown
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
 pub use memory::InMemoryTransport;
 pub use transport::{
-    Delivery, FRAME_KEY, Headers, Transport, TransportError, encode_element, unframe,
+    Delivery, FRAME_KEY, Headers, Recovered, Transport, TransportError, encode_element, unframe,
 };

@@ -1,6 +1,7 @@
 //! The [`Transport`] trait a broker binding implements, the reserved [`Delivery`], and the
 //! header frame shared by the list-based transports.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -69,7 +70,7 @@ impl TransportError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
     queue: String,
-    element: Vec<u8>,
+    element: Arc<Vec<u8>>,
     tag: u64,
     frame: Option<(Headers, Vec<u8>)>,
 }
@@ -78,6 +79,12 @@ impl Delivery {
     /// Wraps a reserved element. `tag` is a transport-specific receipt (e.g. a delivery
     /// tag); list transports that ack by element use `0`. A header frame is unwrapped.
     pub fn new(queue: impl Into<String>, element: Vec<u8>, tag: u64) -> Self {
+        Self::from_shared(queue, Arc::new(element), tag)
+    }
+
+    /// Like [`new`](Self::new), sharing the element's buffer with the caller (an in-process
+    /// transport keeps its in-flight copy without duplicating a large body).
+    pub fn from_shared(queue: impl Into<String>, element: Arc<Vec<u8>>, tag: u64) -> Self {
         let frame = unframe(&element);
         Delivery {
             queue: queue.into(),
@@ -85,6 +92,11 @@ impl Delivery {
             tag,
             frame,
         }
+    }
+
+    /// The element's shared buffer.
+    pub fn shared_element(&self) -> &Arc<Vec<u8>> {
+        &self.element
     }
 
     /// The queue the message was reserved from.
@@ -172,6 +184,27 @@ pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     Some((headers, body))
 }
 
+/// What [`Transport::recover`] did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Recovered {
+    /// Messages of dead consumers put back on the queue.
+    pub requeued: usize,
+    /// Messages recovered too many times: moved into this consumer's in-flight state, for
+    /// the runtime to dead-letter (and ack).
+    pub exhausted: Vec<Delivery>,
+}
+
+impl Recovered {
+    /// A result (the struct is `#[non_exhaustive]`, so other crates build it here).
+    pub fn new(requeued: usize, exhausted: Vec<Delivery>) -> Self {
+        Recovered {
+            requeued,
+            exhausted,
+        }
+    }
+}
+
 /// A message broker binding: publish elements to a queue, reserve them into an in-flight
 /// state that survives a worker crash, and ack the exact reserved message.
 ///
@@ -235,6 +268,101 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(async { Err(TransportError::Unsupported("requeue_processing")) })
     }
 
+    /// Settles a reserved message by putting it back: atomically where the broker allows,
+    /// removes `delivery` from the in-flight state AND schedules `element` (the updated or
+    /// unchanged envelope or header frame) on [`delivery.queue()`](Delivery::queue) after
+    /// `delay`. [`Duration::ZERO`] means ready now, appended at the tail of the queue.
+    ///
+    /// The runtime uses it for retries (the envelope with `attempts + 1`), deferrals of an
+    /// id in flight elsewhere, dedupe-store outages and unknown URNs under
+    /// [`Release`](super::UnknownUrnStrategy::Release).
+    ///
+    /// A transport with a delayed set overrides it: Redis runs one script (`LREM` of its
+    /// own processing list + `ZADD {<queue>}:delayed` scored by the due time in Unix ms, or
+    /// `RPUSH` when the delay is zero). The default publishes `element` with
+    /// [`publish_raw`](Self::publish_raw) **after sleeping `delay`** (so the caller's task
+    /// waits; a crash in between leaves the message in flight for recovery, never lost),
+    /// then [`ack`](Self::ack)s the delivery; a crash between the two delivers it twice.
+    fn requeue<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        element: Vec<u8>,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            self.publish_raw(delivery.queue(), element).await?;
+            self.ack(delivery).await
+        })
+    }
+
+    /// Moves up to `limit` delayed messages of `queue` whose due time has passed back to the
+    /// tail of `queue`, atomically: safe when every consumer of the queue runs it at once
+    /// (nothing moved twice, nothing lost). Returns how many moved.
+    ///
+    /// Default (no delayed set: [`requeue`](Self::requeue) waits in the caller): `Ok(0)`.
+    fn promote_due<'a>(
+        &'a self,
+        queue: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        let _ = (queue, limit);
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// The time until the earliest delayed message of `queue` is due ([`Duration::ZERO`]
+    /// if one is overdue); `None` when none is delayed. [`App::drain`](super::App::drain)
+    /// uses it to end only when the queue, its delayed messages and its own in-flight
+    /// messages are all empty.
+    ///
+    /// Default: `Ok(None)`.
+    fn next_due<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
+        let _ = queue;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Liveness of this consumer on `queue` (one transport instance is one consumer):
+    /// renews a heartbeat valid for `ttl`. The runtime calls it well within `ttl`, beside
+    /// the message loop (never per message). Default: `Ok(())` (nothing to recover).
+    fn heartbeat<'a>(
+        &'a self,
+        queue: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = (queue, ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Recovers the in-flight messages of consumers of `queue` whose heartbeat expired
+    /// (never those of a live consumer): each is put back on the queue, except one already
+    /// recovered `max_recoveries` times, which is not requeued but moved into **this**
+    /// consumer's in-flight state and returned in [`Recovered::exhausted`] for the runtime
+    /// to dead-letter (reason `failed`, the error saying how many times it was recovered
+    /// from consumers that died handling it). Safe when several consumers recover at once.
+    ///
+    /// Default: `Ok(Recovered::default())` (nothing to recover).
+    fn recover<'a>(
+        &'a self,
+        queue: &'a str,
+        max_recoveries: u32,
+    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
+        let _ = (queue, max_recoveries);
+        Box::pin(std::future::ready(Ok(Recovered::default())))
+    }
+
+    /// Graceful stop: deregisters this consumer's heartbeat on `queue`. In-flight messages
+    /// it still holds (if any) stay where they are, for [`recover`](Self::recover).
+    /// Default: `Ok(())`.
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = queue;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Publishes an envelope body with out-of-band headers. The default writes a header
     /// frame when `headers` is non-empty (the list transports' convention); a broker with
     /// native headers overrides it.
@@ -283,6 +411,44 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         queue: &'a str,
     ) -> BoxFuture<'a, Result<usize, TransportError>> {
         T::requeue_processing(self, queue)
+    }
+    fn requeue<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        element: Vec<u8>,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        T::requeue(self, delivery, element, delay)
+    }
+    fn promote_due<'a>(
+        &'a self,
+        queue: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        T::promote_due(self, queue, limit)
+    }
+    fn next_due<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
+        T::next_due(self, queue)
+    }
+    fn heartbeat<'a>(
+        &'a self,
+        queue: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        T::heartbeat(self, queue, ttl)
+    }
+    fn recover<'a>(
+        &'a self,
+        queue: &'a str,
+        max_recoveries: u32,
+    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
+        T::recover(self, queue, max_recoveries)
+    }
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        T::leave(self, queue)
     }
     fn publish_with_headers<'a>(
         &'a self,

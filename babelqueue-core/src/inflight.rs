@@ -1,0 +1,417 @@
+//! What the idempotency guard tells the runtime beside its [`Outcome`](crate::Outcome),
+//! and the in-process per-key turn that keeps two tasks of one process from handling the
+//! same key at once.
+//!
+//! - **Per-key turn.** Every guard call with a key first takes that key's turn in this
+//!   process ([`KeyTurn`]): a delivery whose key is being handled by another task waits
+//!   until that one has finished (remembered or failed), then takes the normal path (a
+//!   remembered key is skipped). Without it, two copies of one message reserved by two
+//!   workers of one consumer could both pass `seen` before either `remember`s, and the
+//!   effect would happen twice.
+//! - **Store unavailable.** When the store's `seen` / `claim` fails, the guard records a
+//!   typed marker (read by the runtime with [`StoreProbe::store_failed`]) before returning
+//!   the store's error converted into the handler's error. The runtime then knows, by type
+//!   and not by the error's text, that the message is not at fault: it is put back on the
+//!   queue without counting an attempt.
+//! - **Phase.** The probe also tells whether the guard is waiting on the store (so a
+//!   store call that hangs, e.g. behind a table lock, can be cut by the runtime's store
+//!   timeout and treated as the store being unavailable).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+
+use tokio::time::Instant;
+
+use tokio::sync::Notify;
+
+// ---------------------------------------------------------------------------------------
+// Per-key turn
+// ---------------------------------------------------------------------------------------
+
+const SHARDS: usize = 32;
+
+struct Shard {
+    /// Keys whose turn is taken, each with the `Notify` its async waiters wait on.
+    held: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Blocking waiters of any key of this shard.
+    cond: Condvar,
+}
+
+static TURNS: LazyLock<Vec<Shard>> = LazyLock::new(|| {
+    (0..SHARDS)
+        .map(|_| Shard {
+            held: Mutex::new(HashMap::new()),
+            cond: Condvar::new(),
+        })
+        .collect()
+});
+
+fn shard(key: &str) -> &'static Shard {
+    // FNV-1a: cheap and good enough to spread keys over the shards.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    &TURNS[(h % SHARDS as u64) as usize]
+}
+
+fn lock_map(s: &Shard) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    s.held.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// This task's turn on one key: while it lives, no other guard call of this process with
+/// the same key proceeds (they wait). Released on drop, also when the guarded future is
+/// cancelled.
+#[must_use = "the turn is released when dropped"]
+pub(crate) struct KeyTurn {
+    key: String,
+}
+
+impl Drop for KeyTurn {
+    fn drop(&mut self) {
+        let s = shard(&self.key);
+        let removed = lock_map(s).remove(self.key.as_str());
+        if let Some(notify) = removed {
+            // Wake every waiter of this key: the first to re-lock the shard takes the
+            // turn, the others wait again.
+            notify.notify_waiters();
+            s.cond.notify_all();
+        }
+    }
+}
+
+/// Waits (asynchronously) for the turn on `key`.
+pub(crate) async fn turn_async(key: &str) -> KeyTurn {
+    let s = shard(key);
+    loop {
+        let notify = {
+            let mut map = lock_map(s);
+            match map.get(key) {
+                None => {
+                    map.insert(key.to_owned(), Arc::new(Notify::new()));
+                    return KeyTurn {
+                        key: key.to_owned(),
+                    };
+                }
+                Some(n) => Arc::clone(n),
+            }
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The holder may have finished between the two locks; if its slot is still there,
+        // its release (which removes the slot under the lock) comes after our `enable`.
+        let still_held = lock_map(s)
+            .get(key)
+            .is_some_and(|n| Arc::ptr_eq(n, &notify));
+        if still_held {
+            notified.await;
+        }
+    }
+}
+
+/// Waits (blocking the thread) for the turn on `key`, when the sync guard runs inside a
+/// handler capture (how the runtime runs sync handlers: on tokio's blocking pool). A sync
+/// guard called directly from async code takes no turn (blocking a runtime thread on a key
+/// an async task holds could deadlock).
+pub(crate) fn turn_blocking(key: &str) -> Option<KeyTurn> {
+    if !crate::guard::capturing_sync() {
+        return None;
+    }
+    Some(turn_blocking_always(key))
+}
+
+fn turn_blocking_always(key: &str) -> KeyTurn {
+    let s = shard(key);
+    let mut map = lock_map(s);
+    while map.contains_key(key) {
+        map = s.cond.wait(map).unwrap_or_else(PoisonError::into_inner);
+    }
+    map.insert(key.to_owned(), Arc::new(Notify::new()));
+    KeyTurn {
+        key: key.to_owned(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Probe: what the guard tells the runtime
+// ---------------------------------------------------------------------------------------
+
+/// Where the guard of the current delivery is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Not in a store call.
+    Idle,
+    /// Waiting on the store before the handler (`seen` / `claim`).
+    StoreBefore,
+    /// Waiting on the store after the handler succeeded (`remember` / `complete`).
+    StoreAfter,
+}
+
+#[derive(Debug)]
+struct ProbeState {
+    phase: Phase,
+    since: Instant,
+    handler_started: Option<Instant>,
+}
+
+/// Shared between the runtime (which creates one per delivery) and the guard running in
+/// that delivery's handler: the typed markers the runtime settles by.
+#[derive(Debug)]
+pub(crate) struct StoreProbe {
+    state: Mutex<ProbeState>,
+    store_failed: AtomicBool,
+    in_flight: AtomicBool,
+}
+
+impl Default for StoreProbe {
+    fn default() -> Self {
+        StoreProbe {
+            state: Mutex::new(ProbeState {
+                phase: Phase::Idle,
+                since: Instant::now(),
+                handler_started: None,
+            }),
+            store_failed: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+        }
+    }
+}
+
+impl StoreProbe {
+    /// Whether a guard's `seen` / `claim` failed during this delivery.
+    pub(crate) fn store_failed(&self) -> bool {
+        self.store_failed.load(Ordering::SeqCst)
+    }
+
+    /// Whether a lease guard found the key in flight elsewhere.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The current phase, since when, and when the handler body started (if it did).
+    pub(crate) fn phase(&self) -> (Phase, Instant, Option<Instant>) {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        (st.phase, st.since, st.handler_started)
+    }
+
+    fn enter(&self, phase: Phase) {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.phase = phase;
+        st.since = Instant::now();
+    }
+
+    fn leave(&self) {
+        self.enter(Phase::Idle);
+    }
+}
+
+tokio::task_local! {
+    static PROBE: Arc<StoreProbe>;
+}
+
+const SYNC_STORE_FAILED: u8 = 1;
+const SYNC_IN_FLIGHT: u8 = 2;
+
+/// Sync handlers run on tokio's blocking pool, where the runtime's task-local is not
+/// visible: a sync guard running inside a capture (`capture_outcome_sync`, which every sync
+/// handler runs in) records its markers here under its key instead, and the runtime takes
+/// them by the envelope's `meta.id` (the default key). A sync handler keyed on something
+/// else is not recognised this way: its store failure counts as a handler failure (retried
+/// with backoff) unless the handler wraps it in
+/// [`StoreUnavailable`](crate::runtime::StoreUnavailable).
+static SYNC_MARKS: LazyLock<Mutex<HashMap<String, u8>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+static SYNC_MARKS_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `fut` with `probe` visible to every guard inside it (the runtime wraps each
+/// handler call in this).
+pub(crate) async fn with_probe<F: Future>(probe: Arc<StoreProbe>, fut: F) -> F::Output {
+    PROBE.scope(probe, fut).await
+}
+
+fn current() -> Option<Arc<StoreProbe>> {
+    PROBE.try_with(Arc::clone).ok()
+}
+
+/// Moves a sync guard's markers for `key` (recorded on the blocking pool) into `probe`.
+pub(crate) fn take_sync_marks(key: &str, probe: &StoreProbe) {
+    if SYNC_MARKS_LEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut map = SYNC_MARKS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(bits) = map.remove(key) {
+        SYNC_MARKS_LEN.fetch_sub(1, Ordering::Relaxed);
+        if bits & SYNC_STORE_FAILED != 0 {
+            probe.store_failed.store(true, Ordering::SeqCst);
+        }
+        if bits & SYNC_IN_FLIGHT != 0 {
+            probe.in_flight.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+fn mark(key: &str, bit: u8) {
+    match current() {
+        Some(p) => {
+            let flag = if bit == SYNC_STORE_FAILED {
+                &p.store_failed
+            } else {
+                &p.in_flight
+            };
+            flag.store(true, Ordering::SeqCst);
+        }
+        None if crate::guard::capturing_sync() => {
+            let mut map = SYNC_MARKS.lock().unwrap_or_else(PoisonError::into_inner);
+            let bits = map.entry(key.to_owned()).or_insert_with(|| {
+                SYNC_MARKS_LEN.fetch_add(1, Ordering::Relaxed);
+                0
+            });
+            *bits |= bit;
+        }
+        None => {}
+    }
+}
+
+/// Called by the lease guard when the key is in flight on another worker.
+pub(crate) fn in_flight_elsewhere(key: &str) {
+    mark(key, SYNC_IN_FLIGHT);
+}
+
+/// Called by the guard when its handler body is about to run.
+pub(crate) fn handler_runs() {
+    if let Some(p) = current() {
+        p.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .handler_started = Some(Instant::now());
+    }
+}
+
+/// Runs the guard's store call before the handler (`seen` / `claim`): phase marked for
+/// the runtime's store timeout, failure recorded as the typed store-unavailable marker.
+pub(crate) async fn store_before<T, E, F>(key: &str, fut: F) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let probe = current();
+    if let Some(p) = &probe {
+        p.enter(Phase::StoreBefore);
+    }
+    let out = fut.await;
+    if let Some(p) = &probe {
+        p.leave();
+    }
+    if out.is_err() {
+        mark(key, SYNC_STORE_FAILED);
+    }
+    out
+}
+
+/// The blocking counterpart of [`store_before`].
+pub(crate) fn store_before_sync<T, E>(key: &str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let out = f();
+    if out.is_err() {
+        mark(key, SYNC_STORE_FAILED);
+    }
+    out
+}
+
+/// Runs the guard's store call after a successful handler (`remember` / `complete`), with
+/// the phase marked (a hang there is cut by the runtime and the delivery acked: the
+/// handler succeeded).
+pub(crate) async fn store_after<T, F: Future<Output = T>>(fut: F) -> T {
+    let probe = current();
+    if let Some(p) = &probe {
+        p.enter(Phase::StoreAfter);
+    }
+    let out = fut.await;
+    if let Some(p) = &probe {
+        p.leave();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_task_per_key_at_a_time() {
+        let inside = Arc::new(AtomicU32::new(0));
+        let max = Arc::new(AtomicU32::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let (inside, max) = (inside.clone(), max.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = format!("inflight-test-{}", i % 4);
+                let _turn = turn_async(&key).await;
+                let _ = key;
+                let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // 4 distinct keys: at most 4 inside at once, never two of one key (checked below).
+        assert!(max.load(Ordering::SeqCst) <= 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn same_key_is_serialized_across_async_and_blocking_callers() {
+        let inside = Arc::new(AtomicU32::new(0));
+        let overlap = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let (inside, overlap) = (inside.clone(), overlap.clone());
+            let body = move || {
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlap.store(true, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                inside.fetch_sub(1, Ordering::SeqCst);
+            };
+            if i % 2 == 0 {
+                tasks.push(tokio::spawn(async move {
+                    let _t = turn_async("inflight-test-same").await;
+                    body();
+                }));
+            } else {
+                tasks.push(tokio::task::spawn_blocking(move || {
+                    let _t = turn_blocking_always("inflight-test-same");
+                    body();
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(!overlap.load(Ordering::SeqCst));
+        assert!(!lock_map(shard("inflight-test-same")).contains_key("inflight-test-same"));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_leaves_no_trace() {
+        let held = turn_async("inflight-test-cancel").await;
+        let waiter = tokio::time::timeout(
+            Duration::from_millis(10),
+            turn_async("inflight-test-cancel"),
+        )
+        .await;
+        assert!(waiter.is_err());
+        drop(held);
+        let again = tokio::time::timeout(Duration::from_secs(5), turn_async("inflight-test-cancel"))
+            .await
+            .expect("free again");
+        drop(again);
+        assert!(!lock_map(shard("inflight-test-cancel")).contains_key("inflight-test-cancel"));
+    }
+}
