@@ -17,13 +17,21 @@
 //! ```
 #![warn(missing_docs)]
 
+mod conn;
+pub mod keys;
+mod scripts;
 mod store;
 mod transport;
 
+pub use conn::RedisConnection;
+pub use keys::{
+    consumer_processing_list, consumers_registry, delayed_set, hash_slot, heartbeat_key,
+    processing_list, recoveries_hash,
+};
 pub use store::{
     DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
 };
-pub use transport::{RedisTransport, processing_list};
+pub use transport::RedisTransport;
 
 /// The `redis` client crate this backend is built on (to build a [`redis::Client`] with
 /// custom TLS certificates for [`RedisStore::from_client`], or share a connection).
