@@ -507,7 +507,8 @@ impl RedisTransport {
             .await?;
         let mut held = self.local(queue, |q| q.in_flight.clone());
         let mut returned = 0;
-        for e in elements {
+        // Newest first, each pushed to the head: the oldest ends first.
+        for e in elements.into_iter().rev() {
             let d = digest(&e);
             match held.get_mut(&d) {
                 Some(n) if *n > 0 => *n -= 1,
