@@ -108,7 +108,14 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
             .get(key)
             .is_some_and(|n| Arc::ptr_eq(n, &notify));
         if still_held {
+            let probe = current();
+            if let Some(p) = &probe {
+                p.enter(Phase::Waiting);
+            }
             notified.await;
+            if let Some(p) = &probe {
+                p.leave();
+            }
         }
     }
 }
@@ -149,6 +156,8 @@ pub(crate) enum Phase {
     StoreBefore,
     /// Waiting on the store after the handler succeeded (`remember` / `complete`).
     StoreAfter,
+    /// Waiting for another task of this process to finish with the same key.
+    Waiting,
 }
 
 #[derive(Debug)]
@@ -156,6 +165,8 @@ struct ProbeState {
     phase: Phase,
     since: Instant,
     handler_started: Option<Instant>,
+    /// When the last wait for the key's turn ended.
+    waited_until: Option<Instant>,
 }
 
 /// Shared between the runtime (which creates one per delivery) and the guard running in
@@ -165,6 +176,8 @@ pub(crate) struct StoreProbe {
     state: Mutex<ProbeState>,
     store_failed: AtomicBool,
     in_flight: AtomicBool,
+    /// Notified on every phase change (the runtime's watchdog re-arms its timer).
+    changed: Notify,
 }
 
 impl Default for StoreProbe {
@@ -174,9 +187,11 @@ impl Default for StoreProbe {
                 phase: Phase::Idle,
                 since: Instant::now(),
                 handler_started: None,
+                waited_until: None,
             }),
             store_failed: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
+            changed: Notify::new(),
         }
     }
 }
@@ -192,16 +207,29 @@ impl StoreProbe {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    /// The current phase, since when, and when the handler body started (if it did).
+    /// The current phase, since when, and from when the handler's own time counts (its
+    /// body's start, else the end of the last wait for the key's turn, if any).
     pub(crate) fn phase(&self) -> (Phase, Instant, Option<Instant>) {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        (st.phase, st.since, st.handler_started)
+        (st.phase, st.since, st.handler_started.or(st.waited_until))
+    }
+
+    /// Completes on the next phase change (a permit is kept if none is waiting).
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     fn enter(&self, phase: Phase) {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        st.phase = phase;
-        st.since = Instant::now();
+        {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            if st.phase == Phase::Waiting {
+                st.waited_until = Some(now);
+            }
+            st.phase = phase;
+            st.since = now;
+        }
+        self.changed.notify_one();
     }
 
     fn leave(&self) {
@@ -288,6 +316,7 @@ pub(crate) fn handler_runs() {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .handler_started = Some(Instant::now());
+        p.changed.notify_one();
     }
 }
 

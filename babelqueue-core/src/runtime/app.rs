@@ -1,29 +1,18 @@
 //! The consumer: [`App`].
 
-use std::collections::HashSet;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::Notify;
-use tokio::task::JoinSet;
-use tracing::Instrument;
-use tracing::field::Empty;
 
-use super::dead_letter::{self, Block};
-use super::transport::{Delivery, Transport, TransportError};
-use crate::envelope::{DeadLetterReason, DecodeError, Envelope, EnvelopeError};
-use crate::guard::{HandlerResult, Outcome};
-use crate::handler::{
-    BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn,
-};
-use crate::lease::InFlight;
+use super::report::{Report, Stats};
+use super::settle::RetryPolicy;
+use super::transport::{Transport, TransportError};
+use super::worker::{Mode, consume};
+use crate::envelope::{Envelope, EnvelopeError};
+use crate::guard::HandlerResult;
+use crate::handler::{BoxError, Handler, Router};
 
 /// What to do with a message whose URN has no registered handler (SPEC section 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,141 +27,6 @@ pub enum UnknownUrnStrategy {
     Release,
     /// Dead-letter it at once with reason `unknown_urn`.
     DeadLetter,
-}
-
-/// What the runtime did with one delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Disposition {
-    /// The handler ran and succeeded.
-    Succeeded,
-    /// The idempotency guard skipped a duplicate: the handler did not run.
-    Skipped,
-    /// The handler failed; the message was republished with `attempts` incremented.
-    Retried {
-        /// The new `attempts` value.
-        attempts: u32,
-    },
-    /// The message was published to the dead-letter queue.
-    DeadLettered {
-        /// Why.
-        reason: DeadLetterReason,
-    },
-    /// The message was dropped: failed at the limit with dead-lettering off, or an unknown
-    /// URN under [`UnknownUrnStrategy::Delete`].
-    Dropped,
-    /// Unknown URN under [`UnknownUrnStrategy::Release`]: republished unchanged.
-    Released,
-    /// Its id is in flight on another worker (lease mode, [`InFlight`]): republished
-    /// unchanged after [`App::in_flight_delay`], without counting an attempt.
-    Deferred,
-    /// Republishing or dead-lettering failed on the transport: the message was not acked
-    /// and stays in the processing list (see [`Transport::requeue_processing`]).
-    Stranded,
-}
-
-/// One delivery's outcome, given to the [`App::on_delivery`] observer.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Report {
-    /// The queue it was consumed from.
-    pub queue: String,
-    /// The decoded envelope (`None` for a poison body).
-    pub envelope: Option<Envelope>,
-    /// What happened.
-    pub disposition: Disposition,
-    /// Whether the original delivery was acked.
-    pub acked: bool,
-    /// Whether a handler failed (an error, a panic, or an unknown URN under
-    /// [`UnknownUrnStrategy::Fail`]).
-    pub failed: bool,
-    /// Whether no handler was registered for its URN.
-    pub unknown_urn: bool,
-    /// The error, if any.
-    pub error: Option<String>,
-}
-
-/// Counts of what a [`drain`](App::drain) or [`run`](App::run_until) did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Deliveries reserved and handled.
-    pub processed: u64,
-    /// Handler ran and succeeded.
-    pub succeeded: u64,
-    /// Duplicates skipped by the idempotency guard (acked, handler not run).
-    pub skipped: u64,
-    /// Handler failures (errors, panics, unknown URNs under `Fail`).
-    pub failed: u64,
-    /// Republished with `attempts + 1`.
-    pub retried: u64,
-    /// Published to the dead-letter queue (every reason).
-    pub dead_lettered: u64,
-    /// Of which poison bodies.
-    pub poison: u64,
-    /// Deliveries whose URN had no handler (whatever the strategy).
-    pub unknown_urn: u64,
-    /// Dropped (failed at the limit without dead-lettering, unknown URN deleted).
-    pub dropped: u64,
-    /// Unknown URNs released.
-    pub released: u64,
-    /// Deferred because their id was in flight elsewhere.
-    pub deferred: u64,
-    /// Deliveries acked.
-    pub acked: u64,
-    /// Deliveries left in the processing list after a transport failure.
-    pub unacked: u64,
-    /// Transport errors seen by the reserve loop (each followed by a backoff).
-    pub transport_errors: u64,
-}
-
-impl Stats {
-    fn merge(&mut self, o: &Stats) {
-        self.processed += o.processed;
-        self.succeeded += o.succeeded;
-        self.skipped += o.skipped;
-        self.failed += o.failed;
-        self.retried += o.retried;
-        self.dead_lettered += o.dead_lettered;
-        self.poison += o.poison;
-        self.unknown_urn += o.unknown_urn;
-        self.dropped += o.dropped;
-        self.released += o.released;
-        self.deferred += o.deferred;
-        self.acked += o.acked;
-        self.unacked += o.unacked;
-        self.transport_errors += o.transport_errors;
-    }
-
-    fn record(&mut self, r: &Report) {
-        self.processed += 1;
-        match &r.disposition {
-            Disposition::Succeeded => self.succeeded += 1,
-            Disposition::Skipped => self.skipped += 1,
-            Disposition::Retried { .. } => self.retried += 1,
-            Disposition::DeadLettered { reason } => {
-                self.dead_lettered += 1;
-                if *reason == DeadLetterReason::Poison {
-                    self.poison += 1;
-                }
-            }
-            Disposition::Dropped => self.dropped += 1,
-            Disposition::Released => self.released += 1,
-            Disposition::Deferred => self.deferred += 1,
-            Disposition::Stranded => {}
-        }
-        if r.failed {
-            self.failed += 1;
-        }
-        if r.unknown_urn {
-            self.unknown_urn += 1;
-        }
-        if r.acked {
-            self.acked += 1;
-        } else {
-            self.unacked += 1;
-        }
-    }
 }
 
 /// [`App::drain`] gave up: the transport kept failing for longer than
@@ -199,41 +53,72 @@ pub enum PublishError {
     Transport(#[from] TransportError),
 }
 
-type Observer = Arc<dyn Fn(&Report) + Send + Sync>;
+pub(crate) type Observer = Arc<dyn Fn(&Report) + Send + Sync>;
 
 #[derive(Debug, Clone)]
-struct Config {
-    queue: String,
-    concurrency: usize,
-    max_attempts: u32,
-    unknown_urn: UnknownUrnStrategy,
-    dead_letter: bool,
-    dead_letter_queue: Option<String>,
-    dead_letter_suffix: String,
-    poll_timeout: Duration,
-    in_flight_delay: Duration,
-    backoff_min: Duration,
-    backoff_max: Duration,
-    give_up_after: Duration,
-    transport_retries: u32,
+pub(crate) struct Config {
+    pub queue: String,
+    pub concurrency: usize,
+    pub retry: RetryPolicy,
+    pub unknown_urn: UnknownUrnStrategy,
+    pub dead_letter: bool,
+    pub dead_letter_queue: Option<String>,
+    pub dead_letter_suffix: String,
+    pub poll_timeout: Duration,
+    pub in_flight_delay: Duration,
+    pub release_delay: Duration,
+    pub max_releases: u32,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub store_backoff_min: Duration,
+    pub store_backoff_max: Duration,
+    pub give_up_after: Duration,
+    pub max_body_size: usize,
+    pub handler_timeout: Option<Duration>,
+    pub store_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_ttl: Duration,
+    pub recovery_interval: Duration,
+    pub max_recoveries: u32,
 }
 
 /// A consumer over a [`Transport`]: reserves messages from one queue and, per message,
-/// decodes → routes by URN → runs the handler → acks, exactly as SPEC section 4 says.
+/// decodes → routes by URN → runs the handler → settles it, whatever failed.
 ///
-/// - **Decode**: [`Envelope::decode`] of the element (a Redis header frame is unwrapped
-///   first). A body that is not JSON or not accepted is `poison`: dead-lettered with its
-///   bytes intact (see [`poison_body`](super::poison_body)) and acked.
+/// - **Bounds**: a body over [`max_body_size`](Self::max_body_size) (default 4 MiB) is
+///   `poison` without being decoded; so is a `meta.id` no store can hold
+///   ([`id_is_storable`](crate::key::id_is_storable)).
+/// - **Decode**: [`Envelope::decode`] of the element (a header frame is unwrapped first).
+///   A body that is not JSON or not accepted is `poison`: dead-lettered with its bytes
+///   intact (see [`poison_body`](super::poison_body)).
 /// - **Route**: the [`Router`]; no handler → the [`UnknownUrnStrategy`].
 /// - **Handler ok** → ack. A duplicate skipped by the idempotency guard is acked too
 ///   (counted in [`Stats::skipped`]).
-/// - **Handler error or panic** → `attempts + 1`; below [`max_attempts`](Self::max_attempts)
-///   (default 3) the updated envelope is republished to the same queue and the original
-///   acked; at the limit it is dead-lettered to `<queue>.dlq` (or dropped when
-///   dead-lettering is off). Retried and dead-lettered bodies are edited at the JSON level:
-///   every field of the original, known or not, survives.
-/// - **[`InFlight`]** (lease mode: another worker holds the id) → not a failed attempt: the
-///   message is republished unchanged after [`in_flight_delay`](Self::in_flight_delay).
+/// - **Handler error, panic or [timeout](Self::handler_timeout)** → `attempts + 1`; below
+///   the [`RetryPolicy`]'s `max_attempts` (default 3) the updated envelope is put back on
+///   the queue after an exponential backoff with jitter; at the limit, or at once for an
+///   error marked [`Permanent`](super::Permanent), it is dead-lettered to `<queue>.dlq`
+///   (or dropped when dead-lettering is off). Retried and dead-lettered bodies are edited
+///   at the JSON level: every field of the original, known or not, survives.
+/// - **The dedupe store cannot answer** (an error in the guard's `seen` / `claim`, or no
+///   answer within [`store_timeout`](Self::store_timeout)) → not the message's fault: no
+///   attempt counted, never dead-lettered for it; the message goes back to the queue after
+///   the [store backoff](Self::store_backoff), and every worker pauses while the store
+///   stays down.
+/// - **[`InFlight`](crate::InFlight)** (lease mode: another worker holds the id) → put back
+///   unchanged after [`in_flight_delay`](Self::in_flight_delay), no attempt counted.
+/// - **The broker fails** while settling (ack, requeue, dead-letter publish) → retried with
+///   backoff until it succeeds; at shutdown, after the grace period, the message is left
+///   in flight for recovery, never dropped.
+///
+/// Beside the message loop, a maintenance task renews this consumer's heartbeat, recovers
+/// the in-flight messages of dead consumers, and moves delayed messages that are due back
+/// to the queue: none of it adds a round trip per message.
+///
+/// Two deliveries of one id handled by two workers of this process never run the handler
+/// at the same time: the guard gives each key one turn at a time, so the second waits and
+/// then takes the normal path (skipped once the first remembered it).
 ///
 /// [`concurrency`](Self::concurrency) workers (tokio tasks) each reserve and handle one
 /// message at a time, so up to that many are in flight and their round trips to the
@@ -270,10 +155,10 @@ struct Config {
 /// ```
 #[derive(Clone)]
 pub struct App {
-    transport: Arc<dyn Transport>,
-    router: Arc<Router>,
-    config: Config,
-    observer: Option<Observer>,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) router: Arc<Router>,
+    pub(crate) config: Config,
+    pub(crate) observer: Option<Observer>,
 }
 
 impl std::fmt::Debug for App {
@@ -299,17 +184,28 @@ impl App {
             config: Config {
                 queue: crate::envelope::DEFAULT_QUEUE.to_owned(),
                 concurrency: 1,
-                max_attempts: 3,
+                retry: RetryPolicy::default(),
                 unknown_urn: UnknownUrnStrategy::Fail,
                 dead_letter: true,
                 dead_letter_queue: None,
                 dead_letter_suffix: ".dlq".to_owned(),
                 poll_timeout: Duration::from_secs(1),
                 in_flight_delay: Duration::from_millis(500),
+                release_delay: Duration::from_secs(1),
+                max_releases: 5,
                 backoff_min: Duration::from_millis(50),
                 backoff_max: Duration::from_secs(5),
+                store_backoff_min: Duration::from_millis(100),
+                store_backoff_max: Duration::from_secs(5),
                 give_up_after: Duration::from_secs(30),
-                transport_retries: 8,
+                max_body_size: 4 * 1024 * 1024,
+                handler_timeout: None,
+                store_timeout: Duration::from_secs(10),
+                shutdown_grace: Duration::from_secs(30),
+                heartbeat_interval: Duration::from_secs(2),
+                heartbeat_ttl: Duration::from_secs(10),
+                recovery_interval: Duration::from_secs(5),
+                max_recoveries: 3,
             },
             observer: None,
         }
@@ -371,10 +267,117 @@ impl App {
         self
     }
 
-    /// Deliveries per message before it is dead-lettered (default 3; 0 is read as 1).
+    /// Deliveries per message before it is dead-lettered (default 3; 0 is read as 1). The
+    /// same as setting [`RetryPolicy::max_attempts`] through [`retry`](Self::retry).
     #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.config.max_attempts = n.max(1);
+        self.config.retry.max_attempts = n.max(1);
+        self
+    }
+
+    /// How failed handlers are retried (default [`RetryPolicy::default`]: 1 s, × 2, up to
+    /// 5 min, 3 attempts, 20 % jitter). A retry is put back on the queue with
+    /// `attempts + 1` and becomes deliverable after the backoff (through the transport's
+    /// delayed set, so no worker waits for it).
+    #[must_use]
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        let max = policy.max_attempts.max(1);
+        self.config.retry = policy;
+        self.config.retry.max_attempts = max;
+        self
+    }
+
+    /// Unknown URNs under [`UnknownUrnStrategy::Release`]: how long a released message
+    /// waits before it is deliverable again (default 1 s).
+    #[must_use]
+    pub fn release_delay(mut self, delay: Duration) -> Self {
+        self.config.release_delay = delay;
+        self
+    }
+
+    /// Unknown URNs under [`UnknownUrnStrategy::Release`]: how many times one message is
+    /// released before it is dead-lettered as `unknown_urn` (default 5). The count travels
+    /// with the message, in the header frame (`x-babelqueue-releases`).
+    #[must_use]
+    pub fn max_releases(mut self, n: u32) -> Self {
+        self.config.max_releases = n;
+        self
+    }
+
+    /// The dedupe store's outage backoff: after the store failed `n` times in a row, the
+    /// message is put back (no attempt counted) and every worker pauses for
+    /// `min(min × 2^(n-1), max)` before reserving again (default 100 ms .. 5 s). The first
+    /// store answer resets it.
+    #[must_use]
+    pub fn store_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.config.store_backoff_min = min;
+        self.config.store_backoff_max = max.max(min);
+        self
+    }
+
+    /// The largest body handled (default 4 MiB). A larger one is dead-lettered as
+    /// `poison` before it is decoded, its bytes intact.
+    #[must_use]
+    pub fn max_body_size(mut self, bytes: usize) -> Self {
+        self.config.max_body_size = bytes;
+        self
+    }
+
+    /// How long a handler may run (default: no limit). A handler still running then is
+    /// cancelled (its future dropped; a sync handler's thread cannot be stopped and runs
+    /// to its end) and counted as a failed attempt. Time spent waiting on the dedupe store
+    /// or for another task of this process handling the same id does not count.
+    #[must_use]
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.config.handler_timeout = Some(timeout);
+        self
+    }
+
+    /// How long one call to the dedupe store inside the guard may take (default 10 s).
+    /// A `seen` / `claim` that has not answered by then (a lost connection, a table lock)
+    /// is cut and treated as the store being unavailable: the message goes back to the
+    /// queue, no attempt counted. A `remember` / `complete` that hangs after the handler
+    /// succeeded is cut too, and the message acked (logged: a redelivery may run it
+    /// again). Async guards only: a sync store call cannot be cut.
+    #[must_use]
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.config.store_timeout = timeout;
+        self
+    }
+
+    /// On shutdown, how long messages in flight may take to finish and be settled
+    /// (default 30 s). Those still running then are left in flight, never lost: another
+    /// consumer recovers them once this one is gone.
+    #[must_use]
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.config.shutdown_grace = grace;
+        self
+    }
+
+    /// How often this consumer renews its heartbeat (default 2 s), and how long one
+    /// heartbeat is valid (`ttl`, default 10 s): a consumer whose heartbeat expired is dead
+    /// and its in-flight messages are recovered by the others.
+    #[must_use]
+    pub fn heartbeat(mut self, interval: Duration, ttl: Duration) -> Self {
+        self.config.heartbeat_interval = interval.max(Duration::from_millis(1));
+        self.config.heartbeat_ttl = ttl.max(interval);
+        self
+    }
+
+    /// How often this consumer recovers the in-flight messages of dead consumers (default
+    /// 5 s; also once at start).
+    #[must_use]
+    pub fn recovery_interval(mut self, interval: Duration) -> Self {
+        self.config.recovery_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How many times a message may be recovered from consumers that died handling it
+    /// before it is dead-lettered (reason `failed`) instead (default 3: it may be what
+    /// kills them).
+    #[must_use]
+    pub fn max_recoveries(mut self, n: u32) -> Self {
+        self.config.max_recoveries = n;
         self
     }
 
@@ -417,15 +420,17 @@ impl App {
         self
     }
 
-    /// How long a message whose id is [`InFlight`] elsewhere waits before it is
-    /// republished (default 500 ms).
+    /// How long a message whose id is [`InFlight`](crate::InFlight) elsewhere waits before
+    /// it is deliverable again (default 500 ms).
     #[must_use]
     pub fn in_flight_delay(mut self, delay: Duration) -> Self {
         self.config.in_flight_delay = delay;
         self
     }
 
-    /// Reconnect backoff: starts at `min`, doubles up to `max` (default 50 ms .. 5 s).
+    /// Broker backoff: after a failed reserve, ack, requeue or dead-letter publish, wait
+    /// `min`, doubling up to `max` (default 50 ms .. 5 s), and try again. Settling a
+    /// message is retried until it succeeds (or the shutdown grace period ends).
     #[must_use]
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.config.backoff_min = min;
@@ -499,15 +504,17 @@ impl App {
         self.transport.requeue_processing(&self.config.queue).await
     }
 
-    /// Processes messages until the queue is empty (or holds only messages this drain
-    /// put back: released unknown URNs, ids in flight elsewhere) and nothing is in
-    /// flight; returns the counts. For tests and one-shot jobs.
+    /// Processes messages until the queue is empty, none of its messages is delayed
+    /// (retries, deferrals, releases waiting for their time) and nothing is in flight in
+    /// this consumer; returns the counts. For tests and one-shot jobs.
     pub async fn drain(&self) -> Result<Stats, DrainError> {
-        self.consume(Mode::Drain, std::future::pending()).await
+        consume(self, Mode::Drain, std::future::pending()).await
     }
 
     /// Consumes until `shutdown` completes, then stops reserving, lets the messages in
-    /// flight finish (and be acked), and returns the counts.
+    /// flight finish and be settled (for up to [`shutdown_grace`](Self::shutdown_grace);
+    /// those still running then are left in flight for recovery), leaves the consumer
+    /// registry, and returns the counts.
     ///
     /// ```
     /// use std::time::Duration;
@@ -533,7 +540,7 @@ impl App {
     where
         S: Future<Output = ()> + Send,
     {
-        match self.consume(Mode::Run, shutdown).await {
+        match consume(self, Mode::Run, shutdown).await {
             Ok(stats) => stats,
             Err(e) => e.stats,
         }
@@ -544,251 +551,6 @@ impl App {
     pub async fn run(&self) -> Stats {
         self.run_until(shutdown_signal()).await
     }
-
-    async fn consume<S>(&self, mode: Mode, shutdown: S) -> Result<Stats, DrainError>
-    where
-        S: Future<Output = ()> + Send,
-    {
-        let shared = Arc::new(Shared {
-            ctx: Ctx {
-                transport: Arc::clone(&self.transport),
-                router: Arc::clone(&self.router),
-                dlq: self.dead_letter_queue_name(),
-                config: self.config.clone(),
-                observer: self.observer.clone(),
-            },
-            mode,
-            stop: AtomicBool::new(false),
-            wake: Notify::new(),
-            busy: AtomicUsize::new(self.config.concurrency),
-            blocking: tokio::sync::Mutex::new(()),
-            parked: Mutex::new(Parked::default()),
-            gave_up: Mutex::new(None),
-        });
-        let mut workers = JoinSet::new();
-        for _ in 0..self.config.concurrency {
-            workers.spawn(worker(Arc::clone(&shared)));
-        }
-        let mut stats = Stats::default();
-        let mut merge = |done: Result<Stats, tokio::task::JoinError>| match done {
-            Ok(s) => stats.merge(&s),
-            Err(e) => {
-                // A bug, not a handler failure (those are caught): stop rather than let a
-                // drain wait for the lost worker. Its message stays in processing.
-                tracing::error!(error = %e, "consumer worker failed; stopping");
-                shared.halt();
-            }
-        };
-        tokio::select! {
-            biased;
-            () = shutdown => {
-                tracing::info!(queue = %self.config.queue, "shutting down: finishing in-flight messages");
-                shared.halt();
-            }
-            () = async {
-                while let Some(done) = workers.join_next().await {
-                    merge(done);
-                }
-            } => {}
-        }
-        while let Some(done) = workers.join_next().await {
-            merge(done);
-        }
-        let gave_up = lock(&shared.gave_up).take();
-        match gave_up {
-            Some(error) => Err(DrainError { error, stats }),
-            None => Ok(stats),
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Drain only: elements this drain put back (released / deferred), and how many of them
-/// were reserved in a row (once that covers them all, only they remain: stop).
-#[derive(Default)]
-struct Parked {
-    hashes: HashSet<u64>,
-    streak: usize,
-}
-
-/// What the workers of one drain / run share.
-struct Shared {
-    ctx: Ctx,
-    mode: Mode,
-    stop: AtomicBool,
-    /// Notified when a message was handled (it may have republished one) and on stop.
-    wake: Notify,
-    /// Workers reserving or handling (drain: the last one to find the queue empty ends it).
-    busy: AtomicUsize,
-    /// One blocking reserve at a time (a `BLMOVE` holds its connection).
-    blocking: tokio::sync::Mutex<()>,
-    parked: Mutex<Parked>,
-    gave_up: Mutex<Option<TransportError>>,
-}
-
-impl Shared {
-    fn halt(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake.notify_waiters();
-    }
-
-    fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-
-    /// Completes once [`halt`](Self::halt) was called.
-    async fn stopped(&self) {
-        loop {
-            let notified = self.wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.stopping() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Drain: whether `hash` completes a lap over only parked elements.
-    fn last_lap(&self, hash: u64) -> bool {
-        if self.mode != Mode::Drain {
-            return false;
-        }
-        let mut p = lock(&self.parked);
-        if p.hashes.contains(&hash) {
-            p.streak += 1;
-            p.streak > p.hashes.len()
-        } else {
-            p.streak = 0;
-            false
-        }
-    }
-
-    async fn reserve(&self) -> Result<Option<Delivery>, TransportError> {
-        let queue = &self.ctx.config.queue;
-        let got = self.ctx.transport.reserve(queue, Duration::ZERO).await?;
-        if got.is_some() || self.mode == Mode::Drain {
-            return Ok(got);
-        }
-        // Nothing waiting: block, one worker at a time, until a message arrives or the
-        // poll timeout ends (never cancelled halfway, so nothing is stranded).
-        let _turn = tokio::select! {
-            biased;
-            () = self.stopped() => return Ok(None),
-            turn = self.blocking.lock() => turn,
-        };
-        if self.stopping() {
-            return Ok(None);
-        }
-        self.ctx
-            .transport
-            .reserve(queue, self.ctx.config.poll_timeout)
-            .await
-    }
-
-    async fn handle(&self, delivery: Delivery, stats: &mut Stats) {
-        let hash = element_hash(delivery.element());
-        let last_lap = self.last_lap(hash);
-        let span = tracing::info_span!(
-            "babelqueue.message",
-            queue = %self.ctx.config.queue,
-            urn = Empty,
-            "meta.id" = Empty,
-            trace_id = Empty,
-            attempts = Empty,
-        );
-        let report = process(&self.ctx, delivery).instrument(span).await;
-        if let Some(observer) = &self.ctx.observer
-            && std::panic::catch_unwind(AssertUnwindSafe(|| observer(&report))).is_err()
-        {
-            tracing::error!("the on_delivery observer panicked");
-        }
-        if matches!(
-            report.disposition,
-            Disposition::Released | Disposition::Deferred
-        ) {
-            lock(&self.parked).hashes.insert(hash);
-        }
-        stats.record(&report);
-        if last_lap {
-            tracing::debug!(queue = %self.ctx.config.queue, "drain: only messages put back by this drain remain");
-            self.halt();
-        } else {
-            self.wake.notify_waiters();
-        }
-    }
-}
-
-/// One consumer loop; `concurrency` of them run at once. Returns what it did.
-async fn worker(shared: Arc<Shared>) -> Stats {
-    let config = &shared.ctx.config;
-    let mut stats = Stats::default();
-    let mut backoff = config.backoff_min;
-    let mut failing_since: Option<Instant> = None;
-    while !shared.stopping() {
-        match shared.reserve().await {
-            Ok(Some(delivery)) => {
-                backoff = config.backoff_min;
-                failing_since = None;
-                shared.handle(delivery, &mut stats).await;
-            }
-            Ok(None) => {
-                backoff = config.backoff_min;
-                failing_since = None;
-                if shared.mode == Mode::Run {
-                    continue;
-                }
-                // Drain: the queue looked empty. Wait while another worker is still busy
-                // (its message may come back as a retry); the last one to go idle ends it.
-                let notified = shared.wake.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    shared.halt();
-                    break;
-                }
-                notified.await;
-                shared.busy.fetch_add(1, Ordering::SeqCst);
-            }
-            Err(error) => {
-                stats.transport_errors += 1;
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                tracing::warn!(
-                    queue = %config.queue,
-                    %error,
-                    retry_in_ms = backoff.as_millis() as u64,
-                    "reserve failed; reconnecting"
-                );
-                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
-                    lock(&shared.gave_up).get_or_insert(error);
-                    shared.halt();
-                    break;
-                }
-                tokio::select! {
-                    biased;
-                    () = shared.stopped() => {}
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(config.backoff_max);
-            }
-        }
-    }
-    stats
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Drain,
-    Run,
-}
-
-fn element_hash(element: &[u8]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    element.hash(&mut h);
-    h.finish()
 }
 
 async fn shutdown_signal() {
@@ -812,440 +574,5 @@ async fn shutdown_signal() {
     if let Err(e) = tokio::signal::ctrl_c().await {
         tracing::warn!(error = %e, "cannot listen for Ctrl-C; run until the process is killed");
         std::future::pending::<()>().await;
-    }
-}
-
-struct Ctx {
-    transport: Arc<dyn Transport>,
-    router: Arc<Router>,
-    dlq: String,
-    config: Config,
-    observer: Option<Observer>,
-}
-
-/// A handler's future with panics turned into a failure.
-struct CatchUnwind(BoxFuture<'static, HandlerOutput>);
-
-impl Future for CatchUnwind {
-    type Output = HandlerOutput;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HandlerOutput> {
-        let fut = &mut self.0;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-            Ok(poll) => poll,
-            Err(payload) => Poll::Ready(Err(panic_error(payload.as_ref()))),
-        }
-    }
-}
-
-fn panic_error(payload: &(dyn std::any::Any + Send)) -> HandlerError {
-    let msg = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned());
-    HandlerError::with_type_name(format!("handler panicked: {msg}").into(), "panic")
-}
-
-async fn call(handler: &dyn Handler, env: Envelope) -> HandlerOutput {
-    match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(env))) {
-        Ok(fut) => CatchUnwind(fut).await,
-        Err(payload) => Err(panic_error(payload.as_ref())),
-    }
-}
-
-/// Whether the error is the lease guard's [`InFlight`] for `id`: an `InFlight` anywhere
-/// in the source chain, or an error displaying exactly as `InFlight { id }` does (what an
-/// `#[error(transparent)]` wrapper shows, since it hides the inner error from `source()`).
-fn is_in_flight(err: &HandlerError, id: &str) -> bool {
-    let expected = InFlight { id: id.to_owned() }.to_string();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err.error());
-    while let Some(e) = cur {
-        if e.is::<InFlight>() || (!id.is_empty() && e.to_string() == expected) {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
-}
-
-struct Failure {
-    reason: DeadLetterReason,
-    error: String,
-    exception: String,
-}
-
-impl Ctx {
-    async fn retrying<T, F, Fut>(&self, what: &'static str, mut op: F) -> Result<T, TransportError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, TransportError>>,
-    {
-        let mut delay = self.config.backoff_min;
-        let mut tries = 1;
-        loop {
-            match op().await {
-                Ok(v) => return Ok(v),
-                Err(error) if error.is_connection() && tries < self.config.transport_retries => {
-                    tracing::warn!(%error, op = what, retry_in_ms = delay.as_millis() as u64, "transport failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(self.config.backoff_max);
-                    tries += 1;
-                }
-                Err(error) => return Err(error),
-            }
-        }
-    }
-
-    async fn publish(
-        &self,
-        queue: &str,
-        body: &[u8],
-        delivery: &Delivery,
-    ) -> Result<(), TransportError> {
-        let headers = delivery.headers();
-        self.retrying("publish", || {
-            self.transport.publish_with_headers(queue, body, headers)
-        })
-        .await
-    }
-
-    async fn ack(&self, delivery: &Delivery) -> bool {
-        match self.retrying("ack", || self.transport.ack(delivery)).await {
-            Ok(()) => {
-                tracing::debug!("acked");
-                true
-            }
-            Err(error) => {
-                tracing::error!(%error, "ack failed; the message stays in the processing list");
-                false
-            }
-        }
-    }
-
-    /// Acks and builds the report for `disposition`.
-    async fn finish(
-        &self,
-        delivery: &Delivery,
-        envelope: Option<Envelope>,
-        disposition: Disposition,
-        failed: bool,
-        error: Option<String>,
-    ) -> Report {
-        let acked = self.ack(delivery).await;
-        Report {
-            queue: delivery.queue().to_owned(),
-            envelope,
-            disposition,
-            acked,
-            failed,
-            unknown_urn: false,
-            error,
-        }
-    }
-
-    fn stranded(
-        &self,
-        delivery: &Delivery,
-        envelope: Option<Envelope>,
-        error: TransportError,
-        failed: bool,
-    ) -> Report {
-        tracing::error!(%error, "publishing failed; the message stays in the processing list");
-        Report {
-            queue: delivery.queue().to_owned(),
-            envelope,
-            disposition: Disposition::Stranded,
-            acked: false,
-            failed,
-            unknown_urn: false,
-            error: Some(error.to_string()),
-        }
-    }
-
-    async fn dead_letter_body(
-        &self,
-        delivery: &Delivery,
-        envelope: Option<Envelope>,
-        body: Vec<u8>,
-        reason: DeadLetterReason,
-        failed: bool,
-        error: String,
-    ) -> Report {
-        if !self.config.dead_letter {
-            tracing::error!(reason = reason.as_str(), %error, "dead-lettering is off: message dropped");
-            return self
-                .finish(
-                    delivery,
-                    envelope,
-                    Disposition::Dropped,
-                    failed,
-                    Some(error),
-                )
-                .await;
-        }
-        if let Err(e) = self.publish(&self.dlq, &body, delivery).await {
-            return self.stranded(delivery, envelope, e, failed);
-        }
-        tracing::error!(dead_letter_queue = %self.dlq, reason = reason.as_str(), %error, "dead-lettered");
-        self.finish(
-            delivery,
-            envelope,
-            Disposition::DeadLettered { reason },
-            failed,
-            Some(error),
-        )
-        .await
-    }
-
-    async fn poison(&self, delivery: &Delivery, error: DecodeError) -> Report {
-        tracing::warn!(%error, bytes = delivery.body().len(), "poison message");
-        let body = dead_letter::poison_body(delivery.body(), &error, delivery.queue());
-        self.dead_letter_body(
-            delivery,
-            None,
-            body,
-            DeadLetterReason::Poison,
-            false,
-            error.to_string(),
-        )
-        .await
-    }
-
-    /// A failed attempt: retry below the limit, else dead-letter (or drop).
-    async fn fail(&self, delivery: &Delivery, envelope: Envelope, f: Failure) -> Report {
-        let next = envelope.attempts.saturating_add(1);
-        let envelope = self.observer.is_some().then_some(envelope);
-        if next < self.config.max_attempts {
-            let Some(body) = dead_letter::with_attempts(delivery.body(), u64::from(next)) else {
-                return self.stranded(
-                    delivery,
-                    envelope,
-                    TransportError::backend("the body is not a JSON object"),
-                    true,
-                );
-            };
-            if let Err(e) = self.publish(delivery.queue(), &body, delivery).await {
-                return self.stranded(delivery, envelope, e, true);
-            }
-            tracing::warn!(error = %f.error, exception = %f.exception, attempts = next, "handler failed; retrying");
-            return self
-                .finish(
-                    delivery,
-                    envelope,
-                    Disposition::Retried { attempts: next },
-                    true,
-                    Some(f.error),
-                )
-                .await;
-        }
-        let block = Block {
-            reason: f.reason.as_str(),
-            error: Some(f.error.clone()),
-            exception: Some(&f.exception),
-            attempts: u64::from(next),
-        };
-        let Some(body) =
-            dead_letter::dead_lettered(delivery.body(), delivery.queue(), true, &block)
-        else {
-            return self.stranded(
-                delivery,
-                envelope,
-                TransportError::backend("the body is not a JSON object"),
-                true,
-            );
-        };
-        self.dead_letter_body(delivery, envelope, body, f.reason, true, f.error)
-            .await
-    }
-
-    async fn unknown(&self, delivery: &Delivery, envelope: Envelope) -> Report {
-        let mut report = self.unknown_strategy(delivery, envelope).await;
-        report.unknown_urn = true;
-        report
-    }
-
-    async fn unknown_strategy(&self, delivery: &Delivery, envelope: Envelope) -> Report {
-        let err = UnknownUrn(envelope.job.clone());
-        let error = err.to_string();
-        tracing::warn!(strategy = ?self.config.unknown_urn, "{error}");
-        match self.config.unknown_urn {
-            UnknownUrnStrategy::Fail => {
-                let f = Failure {
-                    reason: DeadLetterReason::UnknownUrn,
-                    error,
-                    exception: std::any::type_name::<UnknownUrn>().to_owned(),
-                };
-                self.fail(delivery, envelope, f).await
-            }
-            UnknownUrnStrategy::Delete => {
-                let envelope = self.observer.is_some().then_some(envelope);
-                self.finish(delivery, envelope, Disposition::Dropped, false, Some(error))
-                    .await
-            }
-            UnknownUrnStrategy::Release => {
-                let envelope = self.observer.is_some().then_some(envelope);
-                let element = delivery.element().to_vec();
-                let queue = delivery.queue();
-                let r = self
-                    .retrying("publish", || {
-                        self.transport.publish_raw(queue, element.clone())
-                    })
-                    .await;
-                if let Err(e) = r {
-                    return self.stranded(delivery, envelope, e, false);
-                }
-                self.finish(
-                    delivery,
-                    envelope,
-                    Disposition::Released,
-                    false,
-                    Some(error),
-                )
-                .await
-            }
-            UnknownUrnStrategy::DeadLetter => {
-                let block = Block {
-                    reason: DeadLetterReason::UnknownUrn.as_str(),
-                    error: Some(error.clone()),
-                    exception: Some(std::any::type_name::<UnknownUrn>()),
-                    attempts: u64::from(envelope.attempts),
-                };
-                let envelope = self.observer.is_some().then_some(envelope);
-                let Some(body) =
-                    dead_letter::dead_lettered(delivery.body(), delivery.queue(), false, &block)
-                else {
-                    return self.stranded(
-                        delivery,
-                        envelope,
-                        TransportError::backend("the body is not a JSON object"),
-                        false,
-                    );
-                };
-                self.dead_letter_body(
-                    delivery,
-                    envelope,
-                    body,
-                    DeadLetterReason::UnknownUrn,
-                    false,
-                    error,
-                )
-                .await
-            }
-        }
-    }
-
-    async fn defer(&self, delivery: &Delivery, envelope: Envelope, error: String) -> Report {
-        tracing::info!(%error, delay_ms = self.config.in_flight_delay.as_millis() as u64, "in flight on another worker; deferring");
-        tokio::time::sleep(self.config.in_flight_delay).await;
-        let envelope = self.observer.is_some().then_some(envelope);
-        let element = delivery.element().to_vec();
-        let queue = delivery.queue();
-        let r = self
-            .retrying("publish", || {
-                self.transport.publish_raw(queue, element.clone())
-            })
-            .await;
-        if let Err(e) = r {
-            return self.stranded(delivery, envelope, e, false);
-        }
-        self.finish(
-            delivery,
-            envelope,
-            Disposition::Deferred,
-            false,
-            Some(error),
-        )
-        .await
-    }
-}
-
-async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
-    let envelope = match Envelope::decode(delivery.body()) {
-        Ok(env) => env,
-        Err(error) => return ctx.poison(&delivery, error).await,
-    };
-    let span = tracing::Span::current();
-    span.record("urn", envelope.urn());
-    span.record("meta.id", envelope.meta.id.as_str());
-    span.record("trace_id", envelope.trace_id.as_str());
-    span.record("attempts", envelope.attempts);
-
-    let Some(handler) = ctx.router.get(envelope.urn()).cloned() else {
-        return ctx.unknown(&delivery, envelope).await;
-    };
-    // The handler takes the envelope by value; keep a copy only if it is needed after.
-    let keep = envelope.clone();
-    match call(handler.as_ref(), envelope).await {
-        Ok(Some(Outcome::Skipped)) => {
-            tracing::info!("duplicate skipped by the idempotency guard; acking");
-            let env = ctx.observer.is_some().then_some(keep);
-            ctx.finish(&delivery, env, Disposition::Skipped, false, None)
-                .await
-        }
-        Ok(_) => {
-            let env = ctx.observer.is_some().then_some(keep);
-            ctx.finish(&delivery, env, Disposition::Succeeded, false, None)
-                .await
-        }
-        Err(e) if is_in_flight(&e, &keep.meta.id) => {
-            ctx.defer(&delivery, keep, e.to_string()).await
-        }
-        Err(e) => {
-            let f = Failure {
-                reason: DeadLetterReason::Failed,
-                error: e.to_string(),
-                exception: e.type_name().to_owned(),
-            };
-            ctx.fail(&delivery, keep, f).await
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    enum MyError {
-        #[error(transparent)]
-        Busy(#[from] InFlight),
-        #[error("charge failed")]
-        Wrapped(#[source] InFlight),
-        #[error("boom")]
-        Boom,
-    }
-
-    #[test]
-    fn in_flight_is_found_through_the_source_chain_or_a_transparent_wrapper() {
-        let busy = || InFlight { id: "x".into() };
-        assert!(is_in_flight(&HandlerError::new(busy()), "x"));
-        assert!(is_in_flight(
-            &HandlerError::new(MyError::Wrapped(busy())),
-            "x"
-        ));
-        assert!(is_in_flight(&HandlerError::new(MyError::Busy(busy())), "x"));
-        // A transparent wrapper is recognised only by the id of the message at hand.
-        assert!(!is_in_flight(
-            &HandlerError::new(MyError::Busy(busy())),
-            "y"
-        ));
-        assert!(!is_in_flight(&HandlerError::new(MyError::Boom), "x"));
-    }
-
-    #[tokio::test]
-    async fn panics_become_failures() {
-        struct Panicky;
-        impl Handler for Panicky {
-            fn urn(&self) -> &str {
-                "urn:x"
-            }
-            fn call(&self, _: Envelope) -> BoxFuture<'static, HandlerOutput> {
-                Box::pin(async { panic!("kaboom") })
-            }
-        }
-        let env = Envelope::new("urn:x", serde_json::json!({})).unwrap();
-        let err = call(&Panicky, env).await.unwrap_err();
-        assert_eq!(err.type_name(), "panic");
-        assert!(err.to_string().contains("kaboom"));
     }
 }

@@ -163,6 +163,71 @@ pub fn poison_body(body: &[u8], error: &DecodeError, consumed_queue: &str) -> Ve
     to_bytes(obj)
 }
 
+/// The poison wrapper for a body over the size limit, built without parsing the body and
+/// with one allocation of the final size (the body is copied once, escaped as a JSON
+/// string when it is UTF-8, else base64): the same shape as [`poison_body`]'s wrapper, so
+/// [`recover_poison`] gives the bytes back.
+pub(crate) fn poison_oversized(body: &[u8], error: &str, consumed_queue: &str) -> Vec<u8> {
+    const MARK: &str = "\u{0}babelqueue-poison-body\u{0}";
+    let utf8 = std::str::from_utf8(body).is_ok();
+    let mut data = Map::new();
+    data.insert(
+        "encoding".into(),
+        (if utf8 { "utf8" } else { "base64" }).into(),
+    );
+    data.insert("body".into(), MARK.into());
+    let Ok(wrapper) = Envelope::new(POISON_URN, Value::Object(data)) else {
+        return Vec::new();
+    };
+    let wrapper = wrapper.with_queue(consumed_queue);
+    let Ok(Value::Object(mut obj)) = serde_json::to_value(&wrapper) else {
+        return Vec::new();
+    };
+    let block = Block {
+        reason: "poison",
+        error: Some(error.to_owned()),
+        exception: Some("babelqueue_core::runtime::MaxBodySize"),
+        attempts: 0,
+    }
+    .to_value(consumed_queue);
+    obj.insert("dead_letter".into(), block);
+    let skeleton = to_bytes(obj);
+    let Ok(mark) = serde_json::to_vec(MARK) else {
+        return Vec::new();
+    };
+    let Some(at) = skeleton.windows(mark.len()).position(|w| w == mark.as_slice()) else {
+        return Vec::new();
+    };
+    let encoded_len = if utf8 {
+        2 + body
+            .iter()
+            .map(|&b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+                0..0x20 => 6,
+                _ => 1,
+            })
+            .sum::<usize>()
+    } else {
+        2 + body.len().div_ceil(3) * 4
+    };
+    let mut out = Vec::with_capacity(skeleton.len() - mark.len() + encoded_len);
+    out.extend_from_slice(&skeleton[..at]);
+    match std::str::from_utf8(body) {
+        Ok(text) => {
+            if serde_json::to_writer(&mut out, text).is_err() {
+                return Vec::new();
+            }
+        }
+        Err(_) => {
+            out.push(b'"');
+            base64_into(&mut out, body);
+            out.push(b'"');
+        }
+    }
+    out.extend_from_slice(&skeleton[at + mark.len()..]);
+    out
+}
+
 /// The original bytes of a poison wrapper written by [`poison_body`] (`None` when
 /// `dead_lettered` is not such a wrapper). For a poison JSON object the dead-lettered
 /// message is the object itself (plus `dead_letter`), so there is nothing to unwrap.
@@ -184,7 +249,13 @@ const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 
 /// Standard base64 (RFC 4648 §4), padded.
 fn base64(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    let mut out = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
+    base64_into(&mut out, bytes);
+    // The alphabet is ASCII.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn base64_into(out: &mut Vec<u8>, bytes: &[u8]) {
     for chunk in bytes.chunks(3) {
         let b = [
             chunk[0],
@@ -194,13 +265,12 @@ fn base64(bytes: &[u8]) -> String {
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]);
             } else {
-                out.push('=');
+                out.push(b'=');
             }
         }
     }
-    out
 }
 
 fn unbase64(text: &str) -> Option<Vec<u8>> {
@@ -235,6 +305,25 @@ fn unbase64(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversized_poison_keeps_the_bytes_and_is_allocated_once() {
+        for body in [
+            &b"{\"job\":\"urn:x\",\"data\":{\"s\":\"a\\\"b\\n\x01\"}}\n\t"[..],
+            b"\xff\x00\x01 binary",
+            b"",
+            "caf\u{e9} \u{2615} \u{7f}".as_bytes(),
+        ] {
+            let out = poison_oversized(body, "too big", "orders");
+            assert_eq!(out.len(), out.capacity(), "exactly one allocation of the final size");
+            let env = Envelope::decode(&out).unwrap();
+            assert_eq!(env.job, POISON_URN);
+            assert_eq!(env.meta.queue, "orders");
+            let dl = env.dead_letter.unwrap();
+            assert_eq!(dl.reason, crate::DeadLetterReason::Poison);
+            assert_eq!(recover_poison(&out).unwrap(), body);
+        }
+    }
 
     #[test]
     fn base64_rfc4648_vectors() {

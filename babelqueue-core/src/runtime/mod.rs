@@ -1,41 +1,62 @@
 //! The consume runtime: an [`App`] over a [`Transport`].
 //!
-//! Per reserved message, exactly SPEC section 4: decode → route by URN → handler → ack,
-//! with the unknown-URN strategies, retries by republishing with `attempts + 1`,
-//! dead-lettering to `<queue>.dlq` with a `dead_letter` block, and poison bodies
-//! dead-lettered with their bytes intact (see [`poison_body`]). One bad message never
-//! stops the loop; transport failures are retried with backoff.
+//! Per reserved message: bounds → decode → route by URN → handler → settle. Settlement is
+//! one pure decision (what happened × attempts × policy → action) carried out by one
+//! executor:
+//!
+//! | what happened | what the consumer does |
+//! | --- | --- |
+//! | handler ok, or duplicate skipped | ack |
+//! | handler error, panic or timeout | `attempts + 1`, retried after an exponential backoff with jitter ([`RetryPolicy`]); at `max_attempts`, dead-lettered (`failed`) |
+//! | handler error marked [`Permanent`] | dead-lettered (`failed`) at once |
+//! | dedupe store unavailable or timed out | put back after the store backoff, no attempt counted, never dead-lettered for it; the consumer pauses while the store is down |
+//! | id in flight on another worker (lease) | put back after [`App::in_flight_delay`], no attempt counted |
+//! | unknown URN | the [`UnknownUrnStrategy`] (`Release` is capped by [`App::max_releases`]) |
+//! | not an envelope, body over [`App::max_body_size`], unusable `meta.id` | dead-lettered as `poison`, bytes intact |
+//! | broker fails while settling | retried with backoff until it succeeds; after the shutdown grace period, left in flight for recovery |
+//! | recovered from dead consumers [`App::max_recoveries`] times | dead-lettered (`failed`) |
+//!
+//! Retries, deferrals and releases are delayed on the transport ([`Transport::requeue`]
+//! with a delay; Redis keeps them in a sorted set `{<queue>}:delayed`), so no worker sits
+//! waiting for them.
 //!
 //! - [`InMemoryTransport`]: in-process, the embedded default.
 //! - `babelqueue_redis::RedisTransport` (feature `redis` of the facade): the reliable-queue
 //!   list pattern shared by every SDK.
 //!
-//! # Messages stranded in the processing list
+//! # Crash recovery
 //!
-//! A reserved message sits in the queue's processing list until it is acked. If a worker
-//! dies (crash, `kill -9`, lost connection during an ack), its in-flight messages stay
-//! there and are not redelivered by themselves. Call [`App::requeue_processing`] (or
-//! [`Transport::requeue_processing`]) when starting a worker, **before** any other worker
-//! consumes that queue, to move them back to the head of the queue. A message that had
-//! already been handled is then delivered again; the idempotency guard skips it.
+//! A reserved message stays in the consumer's in-flight state until it is settled. Each
+//! [`App`] renews a heartbeat ([`App::heartbeat`]) and periodically recovers the in-flight
+//! messages of consumers whose heartbeat expired ([`Transport::recover`]), so messages of
+//! a consumer that crashed come back by themselves. [`App::requeue_processing`] moves
+//! *everything* in flight back and is only safe when no consumer of the queue runs.
 //!
 //! # Lease mode and [`InFlight`](crate::InFlight)
 //!
 //! A handler guarded in lease mode returns an error wrapping [`InFlight`](crate::InFlight)
-//! when another worker holds the id. The runtime finds it anywhere in the error's source
-//! chain (so wrap it with `#[from]` / `#[error(transparent)]`), does not count a failed
-//! attempt, waits [`App::in_flight_delay`] and republishes the message unchanged (then
-//! acks the original): the next delivery either skips (the other worker completed) or
-//! runs (it failed and released its claim).
+//! when another worker holds the id; the guard also records it for the runtime by type, so
+//! any error type works. The message is put back unchanged after [`App::in_flight_delay`]
+//! without counting a failed attempt: the next delivery either skips (the other worker
+//! completed) or runs (it failed and released its claim).
 
 mod app;
 mod dead_letter;
+mod errors;
+mod execute;
 mod memory;
+mod report;
+mod settle;
 mod transport;
+mod worker;
 
-pub use app::{App, Disposition, DrainError, PublishError, Report, Stats, UnknownUrnStrategy};
+pub use app::{App, DrainError, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
+pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
+pub use execute::RELEASES_HEADER;
 pub use memory::InMemoryTransport;
+pub use report::{Disposition, Report, Stats};
+pub use settle::RetryPolicy;
 pub use transport::{
     Delivery, FRAME_KEY, Headers, Recovered, Transport, TransportError, encode_element, unframe,
 };

@@ -1,0 +1,429 @@
+//! The worker loop (reserve → process → settle, `concurrency` at once), the maintenance
+//! task beside it (heartbeat, recovery of dead consumers, promotion of due delayed
+//! messages), shutdown with a grace period, and the drain's end.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use super::app::{App, DrainError};
+use super::execute::{Ctx, process, settle_exhausted};
+use super::report::{Report, Stats};
+use super::transport::{Delivery, TransportError};
+
+/// How a consume ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// When the queue, its delayed messages and this consumer's in-flight messages are
+    /// all empty.
+    Drain,
+    /// When the shutdown future completes.
+    Run,
+}
+
+/// Delayed messages promoted per call.
+const PROMOTE_BATCH: usize = 1000;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct Shared {
+    ctx: Ctx,
+    mode: Mode,
+    /// Stop reserving.
+    stop: AtomicBool,
+    /// Notified when a message was settled (it may have been put back) and on stop.
+    wake: Notify,
+    /// Workers reserving or handling (drain: the last one to go idle checks the end).
+    busy: AtomicUsize,
+    /// One blocking reserve at a time (a `BLMOVE` holds its connection).
+    blocking: tokio::sync::Mutex<()>,
+    gave_up: Mutex<Option<TransportError>>,
+    maint_stop: AtomicBool,
+}
+
+impl Shared {
+    fn halt(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Completes once [`halt`](Self::halt) was called.
+    async fn stopped(&self) {
+        loop {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.stopping() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    async fn reserve(&self) -> Result<Option<Delivery>, TransportError> {
+        let queue = &self.ctx.config.queue;
+        let got = self.ctx.transport.reserve(queue, Duration::ZERO).await?;
+        if got.is_some() || self.mode == Mode::Drain {
+            return Ok(got);
+        }
+        // Nothing waiting: block, one worker at a time, until a message arrives or the
+        // poll timeout ends (never cancelled halfway, so nothing is stranded).
+        let _turn = tokio::select! {
+            biased;
+            () = self.stopped() => return Ok(None),
+            turn = self.blocking.lock() => turn,
+        };
+        if self.stopping() {
+            return Ok(None);
+        }
+        self.ctx
+            .transport
+            .reserve(queue, self.ctx.config.poll_timeout)
+            .await
+    }
+
+    fn observe(&self, report: &Report, stats: &mut Stats) {
+        if let Some(observer) = &self.ctx.observer
+            && std::panic::catch_unwind(AssertUnwindSafe(|| observer(report))).is_err()
+        {
+            tracing::error!("the on_delivery observer panicked");
+        }
+        stats.record(report);
+    }
+
+    async fn handle(&self, delivery: Delivery, stats: &mut Stats) {
+        let span = tracing::info_span!(
+            "babelqueue.message",
+            queue = %self.ctx.config.queue,
+            urn = Empty,
+            "meta.id" = Empty,
+            trace_id = Empty,
+            attempts = Empty,
+        );
+        let report = process(&self.ctx, delivery).instrument(span).await;
+        self.observe(&report, stats);
+        self.wake.notify_waiters();
+    }
+
+    /// Drain: the last idle worker found the queue empty. `Ok(true)`: the drain is over;
+    /// `Ok(false)`: delayed messages were waited for and promoted, keep going.
+    async fn drain_end(&self) -> Result<bool, TransportError> {
+        let queue = &self.ctx.config.queue;
+        match self.ctx.transport.next_due(queue).await? {
+            None => Ok(true),
+            Some(wait) => {
+                tracing::debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "drain: waiting for delayed messages");
+                tokio::time::sleep(wait).await;
+                self.ctx.transport.promote_due(queue, PROMOTE_BATCH).await?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// One consumer loop; `concurrency` of them run at once. Returns what it did.
+async fn worker(shared: Arc<Shared>) -> Stats {
+    let config = &shared.ctx.config;
+    let mut stats = Stats::default();
+    let mut backoff = config.backoff_min;
+    let mut failing_since: Option<Instant> = None;
+    while !shared.stopping() {
+        // The dedupe store is down: pause reserving (it resumes by itself).
+        if let Some(until) = shared.ctx.store.paused_until() {
+            tokio::select! {
+                biased;
+                () = shared.stopped() => break,
+                () = tokio::time::sleep_until(until) => {}
+            }
+            continue;
+        }
+        match shared.reserve().await {
+            Ok(Some(delivery)) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                tokio::select! {
+                    biased;
+                    () = shared.handle(delivery, &mut stats) => {}
+                    () = shared.ctx.wait_hard_stop() => {
+                        tracing::warn!(queue = %config.queue, "shutdown grace period over: a message is left in flight for recovery");
+                        stats.processed += 1;
+                        stats.unacked += 1;
+                        break;
+                    }
+                }
+            }
+            Ok(None) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                if shared.mode == Mode::Run {
+                    continue;
+                }
+                // Drain: the queue looked empty. Wait while another worker is still busy
+                // (its message may come back as a retry); the last one to go idle checks
+                // the delayed messages and ends it when there are none.
+                let notified = shared.wake.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    match shared.drain_end().await {
+                        Ok(true) => {
+                            shared.halt();
+                            break;
+                        }
+                        Ok(false) => {}
+                        Err(error) => {
+                            stats.transport_errors += 1;
+                            tracing::warn!(%error, "checking delayed messages failed");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(config.backoff_max);
+                        }
+                    }
+                } else {
+                    notified.await;
+                }
+                shared.busy.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(error) => {
+                stats.transport_errors += 1;
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                tracing::warn!(
+                    queue = %config.queue,
+                    %error,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "reserve failed; reconnecting"
+                );
+                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
+                    lock(&shared.gave_up).get_or_insert(error);
+                    shared.halt();
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    () = shared.stopped() => {}
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(config.backoff_max);
+            }
+        }
+    }
+    stats
+}
+
+/// Recovers dead consumers' messages once; dead-letters those recovered too often.
+async fn recover_once(shared: &Shared, stats: &mut Stats) {
+    let ctx = &shared.ctx;
+    let max = ctx.config.max_recoveries;
+    match ctx.transport.recover(&ctx.config.queue, max).await {
+        Ok(r) => {
+            if r.requeued > 0 {
+                tracing::warn!(queue = %ctx.config.queue, requeued = r.requeued, "recovered the in-flight messages of dead consumers");
+                stats.recovered += r.requeued as u64;
+                shared.wake.notify_waiters();
+            }
+            for d in r.exhausted {
+                let report = settle_exhausted(ctx, d, max).await;
+                shared.observe(&report, stats);
+            }
+        }
+        Err(error) => {
+            stats.transport_errors += 1;
+            tracing::warn!(%error, "recovering dead consumers failed; trying again later");
+        }
+    }
+}
+
+/// Beside the workers: heartbeat, recovery, promotion of due delayed messages. Never per
+/// message: the earliest due time of this consumer's own delayed messages is kept in
+/// memory, other consumers' are looked up once per heartbeat.
+async fn maintenance(shared: Arc<Shared>) -> Stats {
+    let ctx = &shared.ctx;
+    let cfg = &ctx.config;
+    let queue = cfg.queue.as_str();
+    let mut stats = Stats::default();
+    let now = Instant::now();
+    let mut next_heartbeat = now + cfg.heartbeat_interval;
+    let mut next_recovery = now + cfg.recovery_interval;
+    let mut next_poll = now + cfg.heartbeat_interval;
+    loop {
+        if shared.maint_stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let due = ctx.earliest_due.load(Ordering::SeqCst);
+        let due_at = (due != u64::MAX).then(|| ctx.epoch + Duration::from_millis(due));
+        let mut wake = next_heartbeat.min(next_recovery).min(next_poll);
+        if let Some(d) = due_at {
+            wake = wake.min(d);
+        }
+        let notified = ctx.maint.notified();
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = notified => {}
+        }
+        if shared.maint_stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let now = Instant::now();
+        if now >= next_heartbeat {
+            if let Err(error) = ctx.transport.heartbeat(queue, cfg.heartbeat_ttl).await {
+                stats.transport_errors += 1;
+                tracing::warn!(%error, "heartbeat failed");
+            }
+            next_heartbeat = now + cfg.heartbeat_interval;
+        }
+        if now >= next_recovery {
+            recover_once(&shared, &mut stats).await;
+            next_recovery = Instant::now() + cfg.recovery_interval;
+        }
+        let due = ctx.earliest_due.load(Ordering::SeqCst);
+        let due_now = due != u64::MAX && ctx.epoch + Duration::from_millis(due) <= now;
+        if due_now || now >= next_poll {
+            if due_now {
+                ctx.earliest_due.store(u64::MAX, Ordering::SeqCst);
+                loop {
+                    match ctx.transport.promote_due(queue, PROMOTE_BATCH).await {
+                        Ok(n) if n >= PROMOTE_BATCH => continue,
+                        Ok(n) => {
+                            if n > 0 {
+                                shared.wake.notify_waiters();
+                            }
+                            break;
+                        }
+                        Err(error) => {
+                            stats.transport_errors += 1;
+                            tracing::warn!(%error, "promoting delayed messages failed");
+                            // Try again soon.
+                            let at = (now + cfg.backoff_max.min(Duration::from_secs(1)))
+                                .saturating_duration_since(ctx.epoch)
+                                .as_millis() as u64;
+                            ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
+                            break;
+                        }
+                    }
+                }
+            }
+            match ctx.transport.next_due(queue).await {
+                Ok(Some(wait)) => {
+                    let at = (Instant::now() + wait)
+                        .saturating_duration_since(ctx.epoch)
+                        .as_millis() as u64;
+                    ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    stats.transport_errors += 1;
+                    tracing::warn!(%error, "looking up delayed messages failed");
+                }
+            }
+            next_poll = Instant::now() + cfg.heartbeat_interval;
+        }
+    }
+    stats
+}
+
+/// Runs a drain or a run of `app`.
+pub(crate) async fn consume<S>(app: &App, mode: Mode, shutdown: S) -> Result<Stats, DrainError>
+where
+    S: Future<Output = ()> + Send,
+{
+    let config = app.config.clone();
+    let queue = config.queue.clone();
+    let shared = Arc::new(Shared {
+        ctx: Ctx::new(
+            Arc::clone(&app.transport),
+            Arc::clone(&app.router),
+            app.dead_letter_queue_name(),
+            config.clone(),
+            app.observer.clone(),
+        ),
+        mode,
+        stop: AtomicBool::new(false),
+        wake: Notify::new(),
+        busy: AtomicUsize::new(config.concurrency),
+        blocking: tokio::sync::Mutex::new(()),
+        gave_up: Mutex::new(None),
+        maint_stop: AtomicBool::new(false),
+    });
+    let mut stats = Stats::default();
+
+    // Register, and take back what dead consumers left, before reserving.
+    if let Err(error) = app.transport.heartbeat(&queue, config.heartbeat_ttl).await {
+        stats.transport_errors += 1;
+        tracing::warn!(%error, "heartbeat failed");
+    }
+    recover_once(&shared, &mut stats).await;
+    let maint = tokio::spawn(maintenance(Arc::clone(&shared)));
+
+    let mut workers = JoinSet::new();
+    for _ in 0..config.concurrency {
+        workers.spawn(worker(Arc::clone(&shared)));
+    }
+    let merge = |done: Result<Stats, tokio::task::JoinError>, stats: &mut Stats| match done {
+        Ok(s) => stats.merge(&s),
+        Err(e) => {
+            // A bug, not a handler failure (those are caught): stop rather than let a
+            // drain wait for the lost worker. Its message stays in flight.
+            tracing::error!(error = %e, "consumer worker failed; stopping");
+            shared.halt();
+        }
+    };
+    let shut_down = tokio::select! {
+        biased;
+        () = shutdown => true,
+        () = async {
+            while let Some(done) = workers.join_next().await {
+                merge(done, &mut stats);
+            }
+        } => false,
+    };
+    if shut_down {
+        tracing::info!(queue = %queue, grace_ms = config.shutdown_grace.as_millis() as u64, "shutting down: finishing in-flight messages");
+        shared.halt();
+        let grace = tokio::time::sleep(config.shutdown_grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                biased;
+                done = workers.join_next() => match done {
+                    Some(done) => merge(done, &mut stats),
+                    None => break,
+                },
+                () = &mut grace, if !shared.ctx.hard_stopped() => {
+                    tracing::warn!(queue = %queue, "shutdown grace period over: leaving the remaining in-flight messages for recovery");
+                    shared.ctx.hard_stop.store(true, Ordering::SeqCst);
+                    shared.ctx.hard_notify.notify_waiters();
+                }
+            }
+        }
+    }
+    while let Some(done) = workers.join_next().await {
+        merge(done, &mut stats);
+    }
+    shared.maint_stop.store(true, Ordering::SeqCst);
+    shared.ctx.maint.notify_one();
+    match maint.await {
+        Ok(s) => stats.merge(&s),
+        Err(e) => tracing::error!(error = %e, "maintenance task failed"),
+    }
+    if let Err(error) = app.transport.leave(&queue).await {
+        tracing::warn!(%error, "leaving the consumer registry failed; the heartbeat expires by itself");
+    }
+    let gave_up = lock(&shared.gave_up).take();
+    match gave_up {
+        Some(error) => Err(DrainError { error, stats }),
+        None => Ok(stats),
+    }
+}
