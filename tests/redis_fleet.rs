@@ -8,14 +8,12 @@ mod fleet_support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use babelqueue::redis::redis::{self, AsyncCommands};
+use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::redis::{
     RedisTransport, consumer_processing_list, consumers_registry, delayed_set, recoveries_hash,
 };
 use babelqueue::runtime::Transport;
 use fleet_support::{QueueGuard, RedisServer, raw, shared_url};
-
-const IGNORE: &str = "";
 
 async fn consumer(id: &str) -> RedisTransport {
     RedisTransport::connect(&shared_url())
@@ -31,7 +29,6 @@ async fn lrange(key: &str) -> Vec<Vec<u8>> {
 #[tokio::test]
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 async fn each_consumer_reserves_into_its_own_list() {
-    let _ = IGNORE;
     let q = QueueGuard::new("own-lists", &shared_url());
     let a = consumer("a").await;
     let b = consumer("b").await;

@@ -42,7 +42,10 @@ pub(crate) struct StoreHealth {
 impl StoreHealth {
     /// Records a failure; returns the pause (also the put-back delay).
     fn failed(&self, min: Duration, max: Duration) -> Duration {
-        let n = self.failures.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::SeqCst)
+            .saturating_add(1);
         let pause = min
             .checked_mul(1u32 << (n - 1).min(20))
             .unwrap_or(max)
@@ -160,7 +163,11 @@ impl Ctx {
     /// fault and settling must not be given up. Only the end of the shutdown grace period
     /// (the message then stays in flight, for recovery) or an error no retry can fix
     /// stops it.
-    async fn until_done<T, F, Fut>(&self, what: &'static str, mut op: F) -> Result<T, TransportError>
+    async fn until_done<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut op: F,
+    ) -> Result<T, TransportError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, TransportError>>,
@@ -240,7 +247,12 @@ enum Called {
 
 /// Calls the handler with a probe the guard reports to, cutting store calls at the store
 /// timeout and the handler at the handler timeout.
-async fn run_handler(ctx: &Ctx, handler: &dyn Handler, env: Envelope, probe: &Arc<StoreProbe>) -> Called {
+async fn run_handler(
+    ctx: &Ctx,
+    handler: &dyn Handler,
+    env: Envelope,
+    probe: &Arc<StoreProbe>,
+) -> Called {
     let started = Instant::now();
     let store_timeout = ctx.config.store_timeout;
     let handler_timeout = ctx.config.handler_timeout;
@@ -481,7 +493,8 @@ async fn settle(
     };
     let action = decide(v.happened, attempts, releases, pause, sample, &ctx.policy);
     let failed = matches!(v.happened, Happened::Failed { .. })
-        || (v.happened == Happened::UnknownUrn && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
+        || (v.happened == Happened::UnknownUrn
+            && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
     let result: Result<Disposition, TransportError> = match action {
         Action::Ack => ctx
             .until_done("ack", || ctx.transport.ack(d))
@@ -527,7 +540,10 @@ async fn settle(
             let element = match why {
                 PutBack::Release => {
                     let mut h = d.headers().cloned().unwrap_or_else(Headers::new);
-                    h.insert(RELEASES_HEADER.to_owned(), Value::from(releases.saturating_add(1)));
+                    h.insert(
+                        RELEASES_HEADER.to_owned(),
+                        Value::from(releases.saturating_add(1)),
+                    );
                     encode_element(d.body(), Some(&h))
                 }
                 PutBack::InFlight | PutBack::StoreDown => Ok(d.element().to_vec()),
@@ -535,9 +551,15 @@ async fn settle(
             match element {
                 Ok(element) => {
                     match why {
-                        PutBack::InFlight => tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred"),
-                        PutBack::StoreDown => tracing::warn!(error = ?v.error, delay_ms = delay.as_millis() as u64, "the dedupe store is unavailable; put back without counting an attempt"),
-                        PutBack::Release => tracing::info!(releases = releases + 1, "unknown URN released"),
+                        PutBack::InFlight => {
+                            tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred")
+                        }
+                        PutBack::StoreDown => {
+                            tracing::warn!(error = ?v.error, delay_ms = delay.as_millis() as u64, "the dedupe store is unavailable; put back without counting an attempt")
+                        }
+                        PutBack::Release => {
+                            tracing::info!(releases = releases + 1, "unknown URN released")
+                        }
                     }
                     let r = ctx
                         .until_done("requeue", || {
@@ -635,7 +657,10 @@ mod tests {
     #[test]
     fn error_kinds_are_found_by_type_in_the_source_chain() {
         let busy = || InFlight { id: "x".into() };
-        assert_eq!(verdict(HandlerError::new(busy())), Happened::InFlightElsewhere);
+        assert_eq!(
+            verdict(HandlerError::new(busy())),
+            Happened::InFlightElsewhere
+        );
         assert_eq!(
             verdict(HandlerError::new(MyError::Wrapped(busy()))),
             Happened::InFlightElsewhere
