@@ -574,7 +574,6 @@ async fn a_broker_outage_of_15_s_loses_nothing_and_leaves_nothing() {
     let prefix = format!("{queue}:fx");
     let n = 400;
     publish_all(&url, &queue, (0..n).map(|i| payment(i, &queue)).collect()).await;
-    let t = RedisTransport::connect(&url).await.unwrap();
     let drainer = start_drainer(&url, &queue, &prefix, Duration::from_millis(20)).await;
     wait_until("some charged", Duration::from_secs(30), || async {
         effects(&prefix).await.charged >= 40
@@ -603,7 +602,6 @@ async fn a_broker_outage_of_15_s_loses_nothing_and_leaves_nothing() {
     let stats = drainer.task.await.unwrap();
     let fx = effects(&prefix).await;
     let left = leftovers(&url, &queue, &[]).await;
-    let own = t.processing_len(&queue).await.unwrap();
     println!(
         "fleet-result: broker-down-15s n={n} charged_before_outage={charged_when_down} outage_s={} lost={} double_effects={} dead_lettered={} resumed_and_finished_in_ms={} left={left}",
         (back_at - down_at).as_secs(),
@@ -616,7 +614,7 @@ async fn a_broker_outage_of_15_s_loses_nothing_and_leaves_nothing() {
     assert_eq!(fx.charged, n);
     assert_eq!(fx.doubles, 0, "the seen-set guard absorbs redeliveries");
     assert_eq!(stats.dead_lettered, 0);
-    assert_eq!((left, own), (0, 0));
+    assert_eq!(left, 0);
     drop(server);
 }
 
