@@ -34,11 +34,7 @@ const CHILD: &str = "BQ_FLEET_CHILD";
 
 /// The process tests take turns: on a 2-core machine, two fleets at once would measure the
 /// machine rather than the recovery.
-static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn turn() -> std::sync::MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Debug, thiserror::Error)]
 enum ChargeError {
@@ -328,7 +324,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow (real consumer processes, ~10 s); needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --ignored"]
 async fn a_consumer_killed_mid_run_is_recovered_by_the_others() {
-    let _turn = turn();
+    let _turn = TURN.lock().await;
     let url = shared_url();
     let q = QueueGuard::new("fleet-kill", &url);
     let prefix = format!("{}:fx", q.name);
@@ -414,7 +410,7 @@ async fn a_consumer_killed_mid_run_is_recovered_by_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow (real consumer processes, ~30 s); needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --ignored"]
 async fn lease_mode_fleet_with_restarts_and_a_kill_charges_each_payment_once() {
-    let _turn = turn();
+    let _turn = TURN.lock().await;
     let url = shared_url();
     let q = QueueGuard::new("fleet-lease", &url);
     let prefix = format!("{}:fx", q.name);
@@ -574,7 +570,7 @@ async fn start_drainer(broker: &str, queue: &str, prefix: &str, handler: Duratio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow (a 15 s broker outage); starts its own redis-server on port 17110; CI runs it with --ignored"]
 async fn a_broker_outage_of_15_s_loses_nothing_and_leaves_nothing() {
-    let _turn = turn();
+    let _turn = TURN.lock().await;
     let mut server = tokio::task::spawn_blocking(|| {
         RedisServer::start(17110, &["--appendonly", "yes", "--appendfsync", "always"])
     })
@@ -635,7 +631,7 @@ async fn a_broker_outage_of_15_s_loses_nothing_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow (broker restarts); starts its own redis-server on port 17111; CI runs it with --ignored"]
 async fn a_broker_restarted_from_its_aof_mid_drain_loses_nothing() {
-    let _turn = turn();
+    let _turn = TURN.lock().await;
     let mut server = tokio::task::spawn_blocking(|| {
         RedisServer::start(17111, &["--appendonly", "yes", "--appendfsync", "everysec"])
     })
@@ -693,7 +689,7 @@ async fn a_broker_restarted_from_its_aof_mid_drain_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 async fn retries_come_back_after_their_backoff_through_the_delayed_set() {
-    let _turn = turn();
+    let _turn = TURN.lock().await;
     let url = shared_url();
     let q = QueueGuard::new("backoff", &url);
     let transport = RedisTransport::connect(&url).await.unwrap();

@@ -127,7 +127,7 @@ impl ConnectionLike for RedisConnection {
 /// How the transport opens its connections: to one server, or to a Cluster.
 #[derive(Clone)]
 pub(crate) enum Connector {
-    Single(Client),
+    Single(Box<Client>),
     #[cfg(feature = "cluster")]
     Cluster(Vec<redis::ConnectionInfo>),
 }

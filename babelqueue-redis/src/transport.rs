@@ -252,7 +252,7 @@ impl RedisTransport {
     pub fn open(url: &str) -> Result<Self, TransportError> {
         let client = Client::open(url).map_err(TransportError::backend)?;
         Ok(Self::from_settings(Settings {
-            connector: Connector::Single(client),
+            connector: Connector::Single(Box::new(client)),
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             consumer_id: uuid::Uuid::new_v4().simple().to_string(),
