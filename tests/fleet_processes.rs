@@ -651,6 +651,8 @@ async fn a_broker_restarted_from_its_aof_mid_drain_loses_nothing() {
             effects(&prefix).await.charged >= at
         })
         .await;
+        let at_kill = effects(&prefix).await.charged;
+        assert!(at_kill < n, "killed mid-drain ({at_kill} of {n} charged)");
         server.kill();
         restarts += 1;
         server = tokio::task::spawn_blocking(move || {

@@ -450,3 +450,71 @@ async fn the_hot_path_costs_one_command_per_reserve_and_per_ack() {
     assert!(scripts <= 4 + secs, "{scripts} script calls in {secs} s");
     drop(server);
 }
+
+/// The runtime's side of an exhausted message on Redis: an `App` whose recovery finds a
+/// message already recovered `max_recoveries` times dead-letters it (reason `failed`) and
+/// acks it; its recovery counter goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn the_app_dead_letters_a_message_that_killed_too_many_consumers() {
+    use babelqueue::{App, Envelope};
+    let q = QueueGuard::new("exhausted-app", &shared_url());
+    let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"n": 1}))
+        .unwrap()
+        .with_queue(&q.name);
+    let survivor = consumer("survivor").await;
+    survivor.publish_raw(&q.name, env.encode()).await.unwrap();
+    // It kills two consumers; the first death is recovered (counter 1), the second is one
+    // too many for `max_recoveries(1)`.
+    for life in 0..2 {
+        let victim = consumer(&format!("victim{life}")).await;
+        victim
+            .heartbeat(&q.name, Duration::from_millis(30))
+            .await
+            .unwrap();
+        victim
+            .reserve(&q.name, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        if life == 0 {
+            assert_eq!(survivor.recover(&q.name, 1).await.unwrap().requeued, 1);
+            let mut c = raw(&shared_url()).await;
+            let counters: i64 = c.hlen(recoveries_hash(&q.name)).await.unwrap();
+            assert_eq!(counters, 1);
+        }
+    }
+    let handled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = handled.clone();
+    let app = App::new(survivor.clone())
+        .queue(&q.name)
+        .max_recoveries(1)
+        .route_sync("urn:babel:payments:charge", move |_e: &Envelope| {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+    let stats = app.drain().await.unwrap();
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+    assert_eq!(
+        handled.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "not run again"
+    );
+    let dlq = lrange(&format!("{}.dlq", q.name)).await;
+    assert_eq!(dlq.len(), 1);
+    let dead: serde_json::Value = serde_json::from_slice(&dlq[0]).unwrap();
+    assert_eq!(dead["dead_letter"]["reason"], "failed");
+    assert_eq!(dead["meta"]["id"], env.meta.id.as_str());
+    assert_eq!(survivor.processing_len(&q.name).await.unwrap(), 0);
+    assert!(
+        lrange(&consumer_processing_list(&q.name, "victim1"))
+            .await
+            .is_empty()
+    );
+    let mut c = raw(&shared_url()).await;
+    let counters: i64 = c.hlen(recoveries_hash(&q.name)).await.unwrap();
+    assert_eq!(
+        counters, 0,
+        "the ack of the dead-lettered message dropped its counter"
+    );
+}
