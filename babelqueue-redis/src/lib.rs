@@ -5,6 +5,13 @@
 //! lease mode on top. See [`store`](crate::RedisStore) for the exact layout and what
 //! other SDKs see.
 //!
+//! [`RedisTransport`] is the queue: the reliable-list pattern every SDK shares (`RPUSH` to
+//! produce), with one processing list per consumer, heartbeats, crash recovery of dead
+//! consumers' lists and a delayed set for retries, all in Lua scripts that touch one Redis
+//! Cluster slot (every key of a queue is tagged `{<queue>}`; see [`keys`]). With the
+//! `cluster` feature both run on a Redis Cluster (`RedisTransport::open_cluster`,
+//! [`RedisConnection`]).
+//!
 //! ```no_run
 //! use babelqueue_core::{guard_async, Envelope};
 //! use babelqueue_redis::RedisStore;

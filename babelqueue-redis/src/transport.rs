@@ -200,7 +200,7 @@ struct Inner {
 /// keeps a heartbeat, and recovers the lists of consumers whose heartbeat expired.
 ///
 /// URLs: `redis://[user][:password@]host[:port][/db]`, and `rediss://` for TLS (feature
-/// `rustls`); a Redis Cluster with [`open_cluster`](Self::open_cluster) (feature `cluster`).
+/// `rustls`); a Redis Cluster with `open_cluster` (feature `cluster`).
 ///
 /// ```no_run
 /// use babelqueue_core::runtime::App;
