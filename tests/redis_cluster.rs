@@ -223,5 +223,34 @@ async fn produce_consume_retry_recover_and_dedupe_on_a_cluster() {
         .unwrap();
     assert_eq!(d.element(), b"m0");
     rescuer.ack(&d).await.unwrap();
+
+    // The other SDKs' shared list `<queue>:processing` is in another slot: the explicit
+    // requeue copies then removes.
+    let legacy = format!("{q}:processing");
+    assert_ne!(hash_slot(&legacy), hash_slot(q));
+    redis::cmd("RPUSH")
+        .arg(&legacy)
+        .arg("x1")
+        .arg("x2")
+        .query_async::<i64>(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rescuer.requeue_processing(q).await.unwrap(), 2);
+    let queued: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(q)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        queued,
+        [
+            b"x1".to_vec(),
+            b"x2".to_vec(),
+            b"m1".to_vec(),
+            b"m2".to_vec()
+        ]
+    );
     drop(cluster);
 }

@@ -338,6 +338,14 @@ impl RedisTransport {
         Self::from_settings(settings)
     }
 
+    fn is_cluster(&self) -> bool {
+        match &self.inner.settings.connector {
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
     /// This consumer's id.
     pub fn id(&self) -> &str {
         &self.inner.settings.consumer_id
@@ -884,6 +892,28 @@ impl Transport for RedisTransport {
     ) -> BoxFuture<'a, Result<usize, TransportError>> {
         Box::pin(async move {
             let mut moved = 0;
+            if self.is_cluster() {
+                // `<queue>:processing` has no hash tag: on a Cluster it is in another slot
+                // than `<queue>`, so no single command moves between them. Copy, then
+                // remove: a crash in between leaves a duplicate, never a loss.
+                loop {
+                    let element: Option<Vec<u8>> = self
+                        .run(redis::cmd("LINDEX").arg(processing_list(queue)).arg(-1))
+                        .await?;
+                    let Some(element) = element else { break };
+                    self.run::<i64>(redis::cmd("LPUSH").arg(queue).arg(&element))
+                        .await?;
+                    self.run::<i64>(
+                        redis::cmd("LREM")
+                            .arg(processing_list(queue))
+                            .arg(-1)
+                            .arg(&element),
+                    )
+                    .await?;
+                    moved += 1;
+                }
+                return Ok(moved);
+            }
             loop {
                 // Newest reservation first, each pushed to the head: the oldest ends first.
                 let element: Option<Vec<u8>> = self
