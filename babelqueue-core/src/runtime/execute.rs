@@ -90,7 +90,7 @@ pub(crate) struct Ctx {
     pub observer: Option<Observer>,
     pub policy: Policy,
     pub store: StoreHealth,
-    /// The earliest due time (ms since `epoch`) of a message this consumer delayed, or
+    /// The earliest due time (µs since `epoch`) of a delayed message, or
     /// `u64::MAX`: the maintenance task promotes when it passes.
     pub earliest_due: AtomicU64,
     pub epoch: Instant,
@@ -150,13 +150,31 @@ impl Ctx {
         }
     }
 
-    fn note_due(&self, delay: Duration) {
-        let at = (Instant::now() + delay)
-            .saturating_duration_since(self.epoch)
-            .as_millis() as u64;
-        if self.earliest_due.fetch_min(at, Ordering::SeqCst) > at {
+    /// `at` as a due mark: microseconds since `epoch`, rounded up (a mark is never
+    /// before the time it stands for) and at least 1 ms from now (no busy loop on a due
+    /// time that a transport rounds differently).
+    pub(crate) fn due_mark(&self, at: Instant) -> u64 {
+        let at = at.max(Instant::now() + Duration::from_millis(1));
+        let nanos = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(nanos.div_ceil(1000)).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The instant a due mark stands for (`None` for "nothing due").
+    pub(crate) fn due_instant(&self, mark: u64) -> Option<Instant> {
+        (mark != u64::MAX).then(|| self.epoch + Duration::from_micros(mark))
+    }
+
+    /// Remembers that a message becomes due at `at` (wakes the maintenance task when
+    /// that is earlier than what it waits for).
+    pub(crate) fn note_due_at(&self, at: Instant) {
+        let mark = self.due_mark(at);
+        if self.earliest_due.fetch_min(mark, Ordering::SeqCst) > mark {
             self.maint.notify_one();
         }
+    }
+
+    fn note_due(&self, delay: Duration) {
+        self.note_due_at(Instant::now() + delay);
     }
 
     /// Runs a transport operation until it succeeds: a broker outage is not the message's
