@@ -624,3 +624,52 @@ async fn a_reserve_whose_reply_was_lost_is_delivered_by_the_next_reserve() {
     assert_eq!(t.len(&q.name).await.unwrap(), 0);
     t.leave(&q.name).await.unwrap();
 }
+
+/// An ack or a requeue whose reply is lost is retried by the runtime: the retry finds the
+/// work done and does nothing more (no second copy in the delayed set, nothing else removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn an_ack_or_requeue_retried_after_a_lost_reply_is_applied_once() {
+    use std::sync::atomic::Ordering;
+    if shared_url().contains('@') {
+        return; // the proxy forwards plain connections only
+    }
+    let proxy = reply_cutter().await;
+    let q = QueueGuard::new("lost-settle", &shared_url());
+    let t = RedisTransport::open(&format!("redis://127.0.0.1:{}/0", proxy.port))
+        .unwrap()
+        .consumer_id("settler");
+    for m in ["a", "b", "c"] {
+        t.publish_raw(&q.name, m.as_bytes().to_vec()).await.unwrap();
+    }
+    let a = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
+    let b = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
+    let c = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
+
+    proxy.cut.store(true, Ordering::SeqCst);
+    assert!(
+        t.requeue(&a, b"a-retry".to_vec(), Duration::from_secs(60))
+            .await
+            .is_err()
+    );
+    t.requeue(&a, b"a-retry".to_vec(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        t.delayed_len(&q.name).await.unwrap(),
+        1,
+        "one copy, not two"
+    );
+
+    proxy.cut.store(true, Ordering::SeqCst);
+    assert!(t.ack(&b).await.is_err());
+    t.ack(&b).await.unwrap();
+    assert_eq!(
+        lrange(&consumer_processing_list(&q.name, "settler")).await,
+        vec![b"c".to_vec()],
+        "only b was removed"
+    );
+    t.ack(&c).await.unwrap();
+    assert_eq!(t.processing_len(&q.name).await.unwrap(), 0);
+    assert_eq!(t.len(&q.name).await.unwrap(), 0);
+}
