@@ -389,15 +389,15 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
             ctx.config.max_body_size
         );
         tracing::warn!(bytes = size, "poison message: body over the size limit");
-        let body = dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
-        return settle_poison(ctx, &delivery, None, body, error).await;
+        let body = || dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
+        return settle_poison(ctx, &delivery, None, &body, error.clone()).await;
     }
     let envelope = match Envelope::decode(delivery.body()) {
         Ok(env) => env,
         Err(error) => {
             tracing::warn!(%error, bytes = size, "poison message");
-            let body = dead_letter::poison_body(delivery.body(), &error, delivery.queue());
-            return settle_poison(ctx, &delivery, None, body, error.to_string()).await;
+            let body = || dead_letter::poison_body(delivery.body(), &error, delivery.queue());
+            return settle_poison(ctx, &delivery, None, &body, error.to_string()).await;
         }
     };
     let span = tracing::Span::current();
@@ -409,16 +409,19 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
     if let Err(e) = crate::key::id_is_storable(&envelope.meta.id) {
         let error = e.to_string();
         tracing::warn!(%error, "poison message: unusable meta.id");
-        let block = Block {
-            reason: DeadLetterReason::Poison.as_str(),
-            error: Some(error.clone()),
-            exception: Some(std::any::type_name::<crate::key::UnstorableId>()),
-            attempts: u64::from(envelope.attempts),
+        let attempts = u64::from(envelope.attempts);
+        let body = || {
+            let block = Block {
+                reason: DeadLetterReason::Poison.as_str(),
+                error: Some(error.clone()),
+                exception: Some(std::any::type_name::<crate::key::UnstorableId>()),
+                attempts,
+            };
+            dead_letter::dead_lettered(delivery.body(), delivery.queue(), false, &block)
+                .unwrap_or_default()
         };
-        let body = dead_letter::dead_lettered(delivery.body(), delivery.queue(), false, &block)
-            .unwrap_or_default();
         let env = ctx.observer.is_some().then_some(envelope);
-        return settle_poison(ctx, &delivery, env, body, error).await;
+        return settle_poison(ctx, &delivery, env, &body, error.clone()).await;
     }
 
     let attempts = envelope.attempts;
@@ -462,8 +465,8 @@ pub(crate) async fn settle_exhausted(ctx: &Ctx, delivery: Delivery, max_recoveri
             settle(ctx, &delivery, env, attempts, verdict, None).await
         }
         Err(e) => {
-            let body = dead_letter::poison_body(delivery.body(), &e, delivery.queue());
-            settle_poison(ctx, &delivery, None, body, e.to_string()).await
+            let body = || dead_letter::poison_body(delivery.body(), &e, delivery.queue());
+            settle_poison(ctx, &delivery, None, &body, e.to_string()).await
         }
     }
 }
@@ -472,7 +475,7 @@ async fn settle_poison(
     ctx: &Ctx,
     delivery: &Delivery,
     env: Option<Envelope>,
-    body: Vec<u8>,
+    body: &(dyn Fn() -> Vec<u8> + Send + Sync),
     error: String,
 ) -> Report {
     let verdict = Verdict {
@@ -483,7 +486,7 @@ async fn settle_poison(
     settle(ctx, delivery, env, 0, verdict, Some(body)).await
 }
 
-/// The executor: decides, then carries the action out. `poison` is the ready dead-letter
+/// The executor: decides, then carries the action out. `poison` builds the dead-letter
 /// body of a poison message.
 async fn settle(
     ctx: &Ctx,
@@ -491,7 +494,7 @@ async fn settle(
     envelope: Option<Envelope>,
     attempts: u32,
     v: Verdict,
-    poison: Option<Vec<u8>>,
+    poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
 ) -> Report {
     let pause = match v.happened {
         Happened::StoreUnavailable => ctx
@@ -601,27 +604,38 @@ async fn settle(
             attempts,
             set_attempts,
         } => {
-            let body = match poison {
-                Some(body) => Some(body),
-                None => {
-                    let block = Block {
-                        reason: reason.as_str(),
-                        error: v.error.clone(),
-                        exception: v.exception.as_deref(),
-                        attempts: u64::from(attempts),
-                    };
-                    dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
+            // Built per attempt and moved into the publish: a large body is never held
+            // twice (a broker outage rebuilds it for the next try).
+            let build = || -> Result<Vec<u8>, TransportError> {
+                let body = match poison {
+                    Some(f) => Some(f()),
+                    None => {
+                        let block = Block {
+                            reason: reason.as_str(),
+                            error: v.error.clone(),
+                            exception: v.exception.as_deref(),
+                            attempts: u64::from(attempts),
+                        };
+                        dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
+                    }
+                };
+                let body = body
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| TransportError::backend("the body is not a JSON object"))?;
+                match d.headers() {
+                    Some(h) if !h.is_empty() => encode_element(&body, Some(h)),
+                    _ => Ok(body),
                 }
             };
-            match body {
-                Some(body) => {
-                    let headers = d.headers();
+            match build() {
+                Ok(first) => {
+                    let mut first = Some(first);
                     let published = ctx
                         .until_done("dead-letter", || {
-                            ctx.transport.publish_with_headers(&ctx.dlq, &body, headers)
+                            let element = first.take().map_or_else(build, Ok);
+                            async move { ctx.transport.publish_raw(&ctx.dlq, element?).await }
                         })
                         .await;
-                    drop(body);
                     match published {
                         Ok(()) => {
                             tracing::error!(dead_letter_queue = %ctx.dlq, reason = reason.as_str(), error = ?v.error, "dead-lettered");
@@ -632,7 +646,7 @@ async fn settle(
                         Err(e) => Err(e),
                     }
                 }
-                None => Err(TransportError::backend("the body is not a JSON object")),
+                Err(e) => Err(e),
             }
         }
     };
