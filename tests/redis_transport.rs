@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use babelqueue::redis::redis::{self, AsyncCommands};
-use babelqueue::redis::{RedisStore, RedisTransport, processing_list};
+use babelqueue::redis::{
+    RedisStore, RedisTransport, consumer_processing_list, keys::queue_keys, processing_list,
+};
 use babelqueue::runtime::{App, Transport, recover_poison};
 use babelqueue::{Envelope, guard_async, now_millis};
 use serde_json::{Value, json};
@@ -37,11 +39,14 @@ impl Drop for Queue {
         if let Ok(client) = redis::Client::open(redis_url())
             && let Ok(mut c) = client.get_connection()
         {
-            let _: Result<(), _> = redis::cmd("DEL")
-                .arg(&self.name)
-                .arg(processing_list(&self.name))
-                .arg(format!("{}.dlq", self.name))
-                .query(&mut c);
+            let mut keys = queue_keys(&self.name);
+            keys.push(format!("{}.dlq", self.name));
+            let tagged: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{{{}}}:*", self.name))
+                .query(&mut c)
+                .unwrap_or_default();
+            keys.extend(tagged);
+            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query(&mut c);
         }
     }
 }
@@ -106,7 +111,10 @@ async fn payload_identity_of_the_conformance_fixture() {
     assert_eq!(d.element(), &bytes[..]);
     assert_eq!(d.body(), &bytes[..]);
     assert!(d.headers().is_none());
-    assert_eq!(lrange(&processing_list(&q.name)).await, vec![bytes.clone()]);
+    assert_eq!(
+        lrange(&consumer_processing_list(&q.name, t.id())).await,
+        vec![bytes.clone()]
+    );
     t.ack(&d).await.unwrap();
     assert_eq!(t.processing_len(&q.name).await.unwrap(), 0);
     assert_eq!(t.len(&q.name).await.unwrap(), 0);
@@ -311,7 +319,8 @@ async fn shutdown_mid_burst_loses_nothing() {
     let q = Queue::new("burst");
     let handled = Arc::new(Mutex::new(Vec::<String>::new()));
     let h = handled.clone();
-    let app = App::new(transport().await)
+    let t = transport().await;
+    let app = App::new(t.clone())
         .queue(&q.name)
         .concurrency(4)
         .poll_timeout(Duration::from_millis(100))
@@ -355,7 +364,7 @@ async fn shutdown_mid_burst_loses_nothing() {
             .collect()
     };
     let queued = ids_in(lrange(&q.name).await);
-    let processing = ids_in(lrange(&processing_list(&q.name)).await);
+    let processing = ids_in(lrange(&consumer_processing_list(&q.name, t.id())).await);
     assert!(
         processing.is_empty(),
         "in-flight messages were finished and acked"
@@ -398,7 +407,10 @@ async fn header_frames_are_written_only_with_headers_and_read_back() {
     assert_eq!(framed.headers(), Some(&headers));
     // Ack removes the exact element (the frame), not its body.
     t.ack(&framed).await.unwrap();
-    assert_eq!(lrange(&processing_list(&q.name)).await, vec![body.clone()]);
+    assert_eq!(
+        lrange(&consumer_processing_list(&q.name, t.id())).await,
+        vec![body.clone()]
+    );
     t.ack(&bare).await.unwrap();
     assert_eq!(t.processing_len(&q.name).await.unwrap(), 0);
 }
@@ -413,17 +425,26 @@ async fn requeue_processing_recovers_a_crashed_workers_messages() {
             .await
             .unwrap();
     }
-    // A worker reserves two and dies without acking.
-    let _a = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
-    let _b = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
-    assert_eq!(t.processing_len(&q.name).await.unwrap(), 2);
+    // A worker of another SDK (shared `<queue>:processing`) reserves two and dies.
+    let mut c = raw().await;
+    for _ in 0..2 {
+        let _: Vec<u8> = redis::cmd("LMOVE")
+            .arg(&q.name)
+            .arg(processing_list(&q.name))
+            .arg("LEFT")
+            .arg("RIGHT")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    assert_eq!(lrange(&processing_list(&q.name)).await.len(), 2);
     assert_eq!(t.requeue_processing(&q.name).await.unwrap(), 2);
     assert_eq!(
         lrange(&q.name).await,
         vec![b"m0".to_vec(), b"m1".to_vec(), b"m2".to_vec()],
         "back at the head, in their original order"
     );
-    assert_eq!(t.processing_len(&q.name).await.unwrap(), 0);
+    assert!(lrange(&processing_list(&q.name)).await.is_empty());
 }
 
 /// A Redis ACL user of its own, so the test can kill exactly the transport's connections

@@ -5,6 +5,13 @@
 //! lease mode on top. See [`store`](crate::RedisStore) for the exact layout and what
 //! other SDKs see.
 //!
+//! [`RedisTransport`] is the queue: the reliable-list pattern every SDK shares (`RPUSH` to
+//! produce), with one processing list per consumer, heartbeats, crash recovery of dead
+//! consumers' lists and a delayed set for retries, all in Lua scripts that touch one Redis
+//! Cluster slot (every key of a queue is tagged `{<queue>}`; see [`keys`]). With the
+//! `cluster` feature both run on a Redis Cluster (`RedisTransport::open_cluster`,
+//! [`RedisConnection`]).
+//!
 //! ```no_run
 //! use babelqueue_core::{guard_async, Envelope};
 //! use babelqueue_redis::RedisStore;
@@ -17,13 +24,21 @@
 //! ```
 #![warn(missing_docs)]
 
+mod conn;
+pub mod keys;
+mod scripts;
 mod store;
 mod transport;
 
+pub use conn::RedisConnection;
+pub use keys::{
+    consumer_processing_list, consumers_registry, delayed_set, hash_slot, heartbeat_key,
+    processing_list, recoveries_hash,
+};
 pub use store::{
     DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
 };
-pub use transport::{RedisTransport, processing_list};
+pub use transport::RedisTransport;
 
 /// The `redis` client crate this backend is built on (to build a [`redis::Client`] with
 /// custom TLS certificates for [`RedisStore::from_client`], or share a connection).

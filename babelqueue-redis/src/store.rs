@@ -36,6 +36,8 @@ use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
+use crate::conn::RedisConnection;
+
 /// The key prefix every BabelQueue SDK uses by default: keys are `bq:idemp:<meta.id>`.
 pub const DEFAULT_PREFIX: &str = "bq:idemp:";
 
@@ -126,7 +128,7 @@ babelqueue_core::handler_error_from!(RedisStoreError);
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     prefix: String,
     ttl: Option<Duration>,
 }
@@ -273,8 +275,14 @@ impl RedisStore {
     /// A store sharing an existing [`ConnectionManager`] (e.g. the transport's), with
     /// the default prefix and no TTL.
     pub fn from_manager(conn: ConnectionManager) -> Self {
+        Self::from_connection(conn)
+    }
+
+    /// A store over any [`RedisConnection`] (e.g. a Redis Cluster connection: every
+    /// store operation touches one key), with the default prefix and no TTL.
+    pub fn from_connection(conn: impl Into<RedisConnection>) -> Self {
         RedisStore {
-            conn,
+            conn: conn.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
             ttl: None,
         }
@@ -313,7 +321,7 @@ impl RedisStore {
     }
 
     /// The underlying connection (a cheap clone), for commands of your own.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
     }
 

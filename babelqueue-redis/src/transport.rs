@@ -1,12 +1,19 @@
-//! [`RedisTransport`]: the reliable-queue list pattern shared by every BabelQueue SDK
-//! (SPEC section 5).
+//! [`RedisTransport`]: the reliable-queue list pattern shared by every BabelQueue SDK, with
+//! one processing list per consumer, heartbeats, crash recovery and a delayed set.
 //!
-//! | operation | command |
+//! | operation | Redis |
 //! | --- | --- |
 //! | produce | `RPUSH <queue> <element>` — the element IS the envelope, byte for byte |
-//! | reserve | `BLMOVE <queue> <queue>:processing LEFT RIGHT <timeout>` (`LMOVE` for a zero timeout) |
-//! | ack | `LREM <queue>:processing 1 <exact element>` |
-//! | recover | `LMOVE <queue>:processing <queue> RIGHT LEFT` until empty ([`requeue_processing`](babelqueue_core::runtime::Transport::requeue_processing)) |
+//! | reserve | `BLMOVE <queue> {<queue>}:processing:<consumer-id> LEFT RIGHT <timeout>` (`LMOVE` for a zero timeout) |
+//! | ack | one script: `LREM {<queue>}:processing:<consumer-id> 1 <element>` (+ `HDEL` of its recovery counter when the queue has any) |
+//! | requeue | one script: `LREM` own list + `ZADD {<queue>}:delayed <due ms> <token><element>`, or `RPUSH <queue>` when the delay is zero |
+//! | promote due | one script: `ZRANGEBYSCORE … LIMIT`, `ZREM`, `RPUSH <queue>` |
+//! | heartbeat | one script: `SET {<queue>}:heartbeat:<id> 1 PX <ttl>` + `ZADD {<queue>}:consumers <expiry> <id>` |
+//! | recover | one script per consumer whose heartbeat expired: its list back to the head of `<queue>` |
+//! | legacy recover | `LMOVE <queue>:processing <queue> RIGHT LEFT` until empty ([`requeue_processing`](Transport::requeue_processing)) |
+//!
+//! Every key besides `<queue>` is hash-tagged `{<queue>}` (see [`crate::keys`]), so each
+//! script touches one Redis Cluster slot.
 //!
 //! Headers (trace context) travel in a frame `{"__bq_frame":1,"headers":{…},"body":"…"}`
 //! only when headers are sent; reserved frames are unwrapped by
@@ -18,24 +25,32 @@
 //! use a connection of their own (one at a time), so a `BLMOVE` never delays publishes
 //! and acks. Needs Redis 6.2 or later (`LMOVE` / `BLMOVE`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::{Delivery, Transport, TransportError};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
-use tokio::sync::Mutex;
+use babelqueue_core::runtime::{Delivery, Recovered, Transport, TransportError};
+use redis::{Client, RedisError, Value};
+use tokio::sync::{Mutex, RwLock};
+use tokio::time::Instant;
 
-/// The processing list of `queue`: `<queue>:processing`.
-///
-/// ```
-/// assert_eq!(babelqueue_redis::processing_list("payments"), "payments:processing");
-/// ```
-pub fn processing_list(queue: &str) -> String {
-    format!("{queue}:processing")
-}
+use crate::conn::{Connector, RedisConnection};
+use crate::keys::{
+    consumer_processing_list, consumers_registry, delayed_set, heartbeat_key, processing_list,
+    recoveries_hash,
+};
+use crate::scripts;
+
+/// How long a cached "earliest delayed message" stays trusted before it is read again (so a
+/// message another consumer delayed is promoted within about this long, even if that
+/// consumer died).
+const DUE_REFRESH: Duration = Duration::from_secs(1);
+
+/// How many due messages one reserve promotes at most.
+const PROMOTE_BATCH: usize = 256;
 
 fn map_err(e: RedisError) -> TransportError {
     if is_connection_error(&e) {
@@ -51,31 +66,42 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.is_unrecoverable_error()
+        || e.is_cluster_error()
 }
 
-/// A lazily (re)opened multiplexed connection.
+fn digest(element: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    element.hash(&mut h);
+    h.finish()
+}
+
+/// A lazily (re)opened connection.
 struct Slot {
-    conn: Mutex<Option<(u64, MultiplexedConnection)>>,
+    conn: Mutex<Option<(u64, RedisConnection)>>,
     generation: AtomicU64,
-    config: AsyncConnectionConfig,
+    response: Option<Duration>,
 }
 
 impl Slot {
-    fn new(config: AsyncConnectionConfig) -> Self {
+    fn new(response: Option<Duration>) -> Self {
         Slot {
             conn: Mutex::new(None),
             generation: AtomicU64::new(0),
-            config,
+            response,
         }
     }
 
-    async fn get(&self, client: &Client) -> Result<(u64, MultiplexedConnection), TransportError> {
+    async fn get(
+        &self,
+        connector: &Connector,
+        connect: Duration,
+    ) -> Result<(u64, RedisConnection), TransportError> {
         let mut guard = self.conn.lock().await;
         if let Some((generation, conn)) = &*guard {
             return Ok((*generation, conn.clone()));
         }
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&self.config)
+        let conn = connector
+            .connect(connect, self.response)
             .await
             .map_err(TransportError::connection)?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -93,19 +119,88 @@ impl Slot {
     }
 }
 
+/// What this consumer knows locally about one queue.
+#[derive(Default)]
+struct QueueLocal {
+    /// Registered in the consumer registry (first reserve or heartbeat done).
+    registered: bool,
+    /// Elements this consumer holds in flight (digest → count): what its own list should
+    /// contain. Anything else there is an orphan (a reserve whose reply was lost).
+    in_flight: HashMap<u64, usize>,
+    /// The own list may hold orphans (start-up, or a reserve failed mid-way).
+    check_orphans: bool,
+    /// When the earliest delayed message is due, as last read (None: none delayed), and
+    /// when that was read.
+    earliest_due: Option<Instant>,
+    due_read_at: Option<Instant>,
+    /// The queue had recovery counters at the last recovery pass.
+    recoveries: bool,
+}
+
+impl QueueLocal {
+    fn new() -> Self {
+        QueueLocal {
+            check_orphans: true,
+            ..Default::default()
+        }
+    }
+
+    fn hold(&mut self, element: &[u8]) {
+        *self.in_flight.entry(digest(element)).or_insert(0) += 1;
+    }
+
+    fn release(&mut self, element: &[u8]) {
+        let d = digest(element);
+        if let Some(n) = self.in_flight.get_mut(&d) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(&d);
+            }
+        }
+    }
+
+    /// The cached earliest due time, if the cache is fresh: `Some(None)` = none delayed.
+    fn known_due(&self, now: Instant) -> Option<Option<Instant>> {
+        match self.due_read_at {
+            Some(at) if now.saturating_duration_since(at) < DUE_REFRESH => Some(self.earliest_due),
+            _ => None,
+        }
+    }
+
+    fn set_due(&mut self, now: Instant, ms: i64) {
+        self.earliest_due = (ms >= 0).then(|| now + Duration::from_millis(ms as u64));
+        self.due_read_at = Some(now);
+    }
+}
+
+#[derive(Clone)]
+struct Settings {
+    connector: Connector,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    consumer_id: String,
+    registration_ttl: Duration,
+}
+
 struct Inner {
-    client: Client,
+    settings: Settings,
     commands: Slot,
     blocking: Slot,
     /// A `BLMOVE` holds its connection: one blocking reserve at a time.
     blocking_turn: Mutex<()>,
-    response_timeout: Duration,
+    /// Reserves hold it shared; the orphan check holds it exclusively.
+    reserve_gate: RwLock<()>,
+    /// Serializes the orphan check and recovery (both change the own list).
+    own_list: Mutex<()>,
+    queues: std::sync::Mutex<HashMap<String, QueueLocal>>,
 }
 
-/// A [`Transport`] over Redis lists (SPEC section 5). Cheap to clone; clones share the
-/// connections.
+/// A [`Transport`] over Redis lists. One instance is one consumer (clones share it, and
+/// its connections): it reserves into its own list `{<queue>}:processing:<consumer-id>`,
+/// keeps a heartbeat, and recovers the lists of consumers whose heartbeat expired.
 ///
-/// URLs: `redis://[user][:password@]host[:port][/db]`, and `rediss://` for TLS (feature `rustls`).
+/// URLs: `redis://[user][:password@]host[:port][/db]`, and `rediss://` for TLS (feature
+/// `rustls`); a Redis Cluster with `open_cluster` (feature `cluster`).
 ///
 /// ```no_run
 /// use babelqueue_core::runtime::App;
@@ -117,6 +212,17 @@ struct Inner {
 /// let stats = app.drain().await?;
 /// # Ok(()) }
 /// ```
+///
+/// # Operations are safe to retry
+///
+/// During a broker outage an ack or requeue may fail after it reached the server (the reply
+/// was lost); the runtime retries it after reconnecting. An ack of an element no longer in
+/// the own list removes nothing (it was acked). A requeue script adds the new element only
+/// when its `LREM` removed the delivery, so a retry adds no second copy. (Limit: if this
+/// consumer holds two byte-identical copies at once, a retried ack or requeue may remove the
+/// other copy; the message was delivered, it is not lost.) A reserve whose reply was lost
+/// leaves an element in the own list no task holds: the next reserve returns such orphans to
+/// the head of the queue.
 #[derive(Clone)]
 pub struct RedisTransport {
     inner: Arc<Inner>,
@@ -124,17 +230,16 @@ pub struct RedisTransport {
 
 impl std::fmt::Debug for RedisTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let info = self.inner.client.get_connection_info();
         f.debug_struct("RedisTransport")
-            .field("addr", info.addr())
-            .field("db", &info.redis_settings().db())
+            .field("server", &self.inner.settings.connector.describe())
+            .field("consumer_id", &self.inner.settings.consumer_id)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisTransport {
     /// Parses `url` (no connection is opened yet; see [`connect`](Self::connect)).
-    /// Connect timeout 5 s, response timeout 10 s.
+    /// Connect timeout 5 s, response timeout 10 s, a random (UUID v4) consumer id.
     ///
     /// ```
     /// use babelqueue_redis::RedisTransport;
@@ -146,11 +251,45 @@ impl RedisTransport {
     /// ```
     pub fn open(url: &str) -> Result<Self, TransportError> {
         let client = Client::open(url).map_err(TransportError::backend)?;
-        Ok(Self::with_client(
-            client,
-            Duration::from_secs(5),
-            Duration::from_secs(10),
-        ))
+        Ok(Self::from_settings(Settings {
+            connector: Connector::Single(Box::new(client)),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
+            consumer_id: uuid::Uuid::new_v4().simple().to_string(),
+            registration_ttl: Duration::from_secs(30),
+        }))
+    }
+
+    /// A transport on a Redis Cluster, reached through any of `nodes` (`redis://host:port`
+    /// URLs; the others are discovered). Every key of a queue shares the queue's hash slot,
+    /// so every operation runs on the node owning that slot. Queue names must not contain
+    /// `{` or `}`. Feature `cluster`.
+    ///
+    /// ```
+    /// use babelqueue_redis::RedisTransport;
+    /// assert!(RedisTransport::open_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]).is_ok());
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn open_cluster<I, T>(nodes: I) -> Result<Self, TransportError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(TransportError::backend)?;
+        if nodes.is_empty() {
+            return Err(TransportError::backend(
+                "a cluster needs at least one node URL",
+            ));
+        }
+        let mut t = Self::open("redis://127.0.0.1")?;
+        let mut settings = t.inner.settings.clone();
+        settings.connector = Connector::Cluster(nodes);
+        t = Self::from_settings(settings);
+        Ok(t)
     }
 
     /// Parses `url` and checks the server answers `PING`.
@@ -164,75 +303,247 @@ impl RedisTransport {
     /// plus `response`). Call before first use.
     #[must_use]
     pub fn timeouts(self, connect: Duration, response: Duration) -> Self {
-        Self::with_client(self.inner.client.clone(), connect, response)
+        let mut settings = self.inner.settings.clone();
+        settings.connect_timeout = connect;
+        settings.response_timeout = response;
+        Self::from_settings(settings)
     }
 
-    fn with_client(client: Client, connect: Duration, response: Duration) -> Self {
-        let commands = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect))
-            .set_response_timeout(Some(response));
-        // Blocking commands are bounded per call instead (their own timeout + `response`).
-        // (redis 1.x defaults to a 500 ms response timeout, which would cut a blocking
-        // reserve short.)
-        let blocking = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect))
-            .set_response_timeout(None);
+    /// Sets this consumer's id (default: a random UUID). Ids must be unique among the live
+    /// consumers of a queue. A stable id (e.g. a pod name) lets a restarted consumer take
+    /// its own list back at once (its first reserve returns what its previous life left
+    /// there to the queue) instead of waiting for the heartbeat to expire. Call before
+    /// first use.
+    ///
+    /// ```
+    /// use babelqueue_redis::RedisTransport;
+    /// let t = RedisTransport::open("redis://localhost")?.consumer_id("worker-1");
+    /// assert_eq!(t.id(), "worker-1");
+    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// ```
+    #[must_use]
+    pub fn consumer_id(self, id: impl Into<String>) -> Self {
+        let mut settings = self.inner.settings.clone();
+        settings.consumer_id = id.into();
+        Self::from_settings(settings)
+    }
+
+    /// The heartbeat TTL written at this consumer's first reserve on a queue, before the
+    /// runtime's first [`heartbeat`](Transport::heartbeat) (default 30 s). Call before
+    /// first use.
+    #[must_use]
+    pub fn registration_ttl(self, ttl: Duration) -> Self {
+        let mut settings = self.inner.settings.clone();
+        settings.registration_ttl = ttl;
+        Self::from_settings(settings)
+    }
+
+    fn is_cluster(&self) -> bool {
+        match &self.inner.settings.connector {
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
+    /// This consumer's id.
+    pub fn id(&self) -> &str {
+        &self.inner.settings.consumer_id
+    }
+
+    fn from_settings(settings: Settings) -> Self {
+        let response = settings.response_timeout;
         RedisTransport {
             inner: Arc::new(Inner {
-                client,
-                commands: Slot::new(commands),
-                blocking: Slot::new(blocking),
+                settings,
+                commands: Slot::new(Some(response)),
+                // Blocking commands are bounded per call instead (their own timeout +
+                // `response`).
+                blocking: Slot::new(None),
                 blocking_turn: Mutex::new(()),
-                response_timeout: response,
+                reserve_gate: RwLock::new(()),
+                own_list: Mutex::new(()),
+                queues: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
 
-    async fn run<T: redis::FromRedisValue>(
+    fn local<R>(&self, queue: &str, f: impl FnOnce(&mut QueueLocal) -> R) -> R {
+        let mut queues = self
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !queues.contains_key(queue) {
+            queues.insert(queue.to_owned(), QueueLocal::new());
+        }
+        f(queues.get_mut(queue).expect("inserted above"))
+    }
+
+    fn own_list(&self, queue: &str) -> String {
+        consumer_processing_list(queue, self.id())
+    }
+
+    async fn conn(&self) -> Result<(u64, RedisConnection), TransportError> {
+        self.inner
+            .commands
+            .get(
+                &self.inner.settings.connector,
+                self.inner.settings.connect_timeout,
+            )
+            .await
+    }
+
+    async fn after<T>(
         &self,
-        slot: &Slot,
-        cmd: &redis::Cmd,
+        generation: u64,
+        r: Result<T, RedisError>,
     ) -> Result<T, TransportError> {
-        let (generation, mut conn) = slot.get(&self.inner.client).await?;
-        match cmd.query_async::<T>(&mut conn).await {
+        match r {
             Ok(v) => Ok(v),
             Err(e) => {
                 if is_connection_error(&e) {
-                    slot.reset(generation).await;
+                    self.inner.commands.reset(generation).await;
                 }
                 Err(map_err(e))
             }
         }
     }
 
+    async fn run<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, TransportError> {
+        let (generation, mut conn) = self.conn().await?;
+        let r = cmd.query_async::<T>(&mut conn).await;
+        self.after(generation, r).await
+    }
+
+    async fn script<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, TransportError> {
+        let (generation, mut conn) = self.conn().await?;
+        let r = invocation.invoke_async::<T>(&mut conn).await;
+        self.after(generation, r).await
+    }
+
     /// `PING`.
     pub async fn ping(&self) -> Result<(), TransportError> {
-        self.run::<String>(&self.inner.commands, &redis::cmd("PING"))
-            .await
-            .map(drop)
+        self.run::<String>(&redis::cmd("PING")).await.map(drop)
     }
 
     /// Messages waiting in `queue` (`LLEN <queue>`).
     pub async fn len(&self, queue: &str) -> Result<usize, TransportError> {
-        self.run(&self.inner.commands, redis::cmd("LLEN").arg(queue))
-            .await
+        self.run(redis::cmd("LLEN").arg(queue)).await
     }
 
-    /// Messages of `queue` reserved and not acked (`LLEN <queue>:processing`).
+    /// Messages of `queue` this consumer reserved and did not settle (`LLEN` of its own
+    /// list `{<queue>}:processing:<consumer-id>`).
     pub async fn processing_len(&self, queue: &str) -> Result<usize, TransportError> {
+        self.run(redis::cmd("LLEN").arg(self.own_list(queue))).await
+    }
+
+    /// Messages of `queue` waiting for their delay (`ZCARD {<queue>}:delayed`).
+    pub async fn delayed_len(&self, queue: &str) -> Result<usize, TransportError> {
+        self.run(redis::cmd("ZCARD").arg(delayed_set(queue))).await
+    }
+
+    /// The consumers registered on `queue` (live, or dead and not yet recovered).
+    pub async fn consumers(&self, queue: &str) -> Result<Vec<String>, TransportError> {
         self.run(
-            &self.inner.commands,
-            redis::cmd("LLEN").arg(processing_list(queue)),
+            redis::cmd("ZRANGE")
+                .arg(consumers_registry(queue))
+                .arg(0)
+                .arg(-1),
         )
         .await
     }
 
+    /// Messages of `queue` in flight at any consumer of this SDK (the sum of the registered
+    /// consumers' lists) plus the shared legacy list `<queue>:processing`.
+    pub async fn in_flight_len(&self, queue: &str) -> Result<usize, TransportError> {
+        let mut total: usize = self
+            .run(redis::cmd("LLEN").arg(processing_list(queue)))
+            .await?;
+        for id in self.consumers(queue).await? {
+            total += self
+                .run::<usize>(redis::cmd("LLEN").arg(consumer_processing_list(queue, &id)))
+                .await?;
+        }
+        Ok(total)
+    }
+
+    async fn register(&self, queue: &str, ttl: Duration) -> Result<(), TransportError> {
+        let ms = ttl.as_millis().max(1) as u64;
+        let mut s = scripts::HEARTBEAT.prepare_invoke();
+        s.key(heartbeat_key(queue, self.id()))
+            .key(consumers_registry(queue))
+            .arg(self.id())
+            .arg(ms);
+        self.script::<i64>(s).await?;
+        self.local(queue, |q| q.registered = true);
+        Ok(())
+    }
+
+    /// Promotes due delayed messages when the cache says some are due (or it is stale).
+    async fn promote_if_due(&self, queue: &str, limit: usize) -> Result<usize, TransportError> {
+        let now = Instant::now();
+        if let Some(known) = self.local(queue, |q| q.known_due(now))
+            && known.is_none_or(|due| due > now)
+        {
+            return Ok(0);
+        }
+        let mut s = scripts::PROMOTE.prepare_invoke();
+        s.key(delayed_set(queue)).key(queue).arg(limit.max(1));
+        let (moved, next): (usize, i64) = self.script(s).await?;
+        self.local(queue, |q| q.set_due(now, next));
+        if moved > 0 {
+            tracing::debug!(queue, moved, "promoted due delayed messages");
+        }
+        Ok(moved)
+    }
+
+    /// Returns to the queue what the own list holds beyond what this consumer's tasks hold
+    /// (a previous life's messages, or a reserve whose reply was lost).
+    async fn return_orphans(&self, queue: &str) -> Result<(), TransportError> {
+        let _gate = self.inner.reserve_gate.write().await;
+        let _own = self.inner.own_list.lock().await;
+        if !self.local(queue, |q| q.check_orphans) {
+            return Ok(());
+        }
+        let own = self.own_list(queue);
+        let elements: Vec<Vec<u8>> = self
+            .run(redis::cmd("LRANGE").arg(&own).arg(0).arg(-1))
+            .await?;
+        let mut held = self.local(queue, |q| q.in_flight.clone());
+        let mut returned = 0;
+        // Newest first, each pushed to the head: the oldest ends first.
+        for e in elements.into_iter().rev() {
+            let d = digest(&e);
+            match held.get_mut(&d) {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => {
+                    let mut s = scripts::RETURN_ORPHAN.prepare_invoke();
+                    s.key(&own).key(queue).arg(&e);
+                    returned += self.script::<usize>(s).await?;
+                }
+            }
+        }
+        if returned > 0 {
+            tracing::info!(
+                queue,
+                returned,
+                consumer = self.id(),
+                "returned messages no task holds from the own processing list to the queue"
+            );
+        }
+        self.local(queue, |q| q.check_orphans = false);
+        Ok(())
+    }
+
     async fn reserve_nonblocking(&self, queue: &str) -> Result<Option<Vec<u8>>, TransportError> {
         self.run(
-            &self.inner.commands,
             redis::cmd("LMOVE")
                 .arg(queue)
-                .arg(processing_list(queue))
+                .arg(self.own_list(queue))
                 .arg("LEFT")
                 .arg("RIGHT"),
         )
@@ -244,22 +555,27 @@ impl RedisTransport {
         queue: &str,
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, TransportError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         let _turn = self.inner.blocking_turn.lock().await;
         // Waiting for the turn counts against the caller's timeout.
-        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let timeout = deadline.saturating_duration_since(Instant::now());
         if timeout < Duration::from_millis(1) {
             return self.reserve_nonblocking(queue).await;
         }
         let slot = &self.inner.blocking;
-        let (generation, mut conn) = slot.get(&self.inner.client).await?;
+        let (generation, mut conn) = slot
+            .get(
+                &self.inner.settings.connector,
+                self.inner.settings.connect_timeout,
+            )
+            .await?;
         let mut cmd = redis::cmd("BLMOVE");
         cmd.arg(queue)
-            .arg(processing_list(queue))
+            .arg(self.own_list(queue))
             .arg("LEFT")
             .arg("RIGHT")
             .arg(format!("{:.3}", timeout.as_secs_f64()));
-        let bound = timeout + self.inner.response_timeout;
+        let bound = timeout + self.inner.settings.response_timeout;
         match tokio::time::timeout(bound, cmd.query_async::<Option<Vec<u8>>>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
@@ -269,14 +585,103 @@ impl RedisTransport {
                 Err(map_err(e))
             }
             Err(_) => {
-                // No answer in time: the connection is presumed dead. If the server did
-                // move an element, it waits in the processing list (requeue_processing).
                 slot.reset(generation).await;
                 Err(TransportError::connection(format!(
                     "BLMOVE got no reply within {bound:?}"
                 )))
             }
         }
+    }
+
+    async fn reserve_inner(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        let (registered, orphans) = self.local(queue, |q| (q.registered, q.check_orphans));
+        if !registered {
+            self.register(queue, self.inner.settings.registration_ttl)
+                .await?;
+        }
+        if orphans {
+            self.return_orphans(queue).await?;
+        }
+        self.promote_if_due(queue, PROMOTE_BATCH).await?;
+        // Wake up when the earliest delayed message is due, to promote it.
+        let now = Instant::now();
+        let timeout = match self.local(queue, |q| q.known_due(now)).flatten() {
+            Some(due) => timeout.min(due.saturating_duration_since(now) + Duration::from_millis(1)),
+            None => timeout.min(DUE_REFRESH),
+        };
+        let gate = self.inner.reserve_gate.read().await;
+        // BLMOVE's timeout has millisecond resolution and 0 means "forever".
+        let r = if timeout < Duration::from_millis(1) {
+            self.reserve_nonblocking(queue).await
+        } else {
+            self.reserve_blocking(queue, timeout).await
+        };
+        match r {
+            Ok(Some(e)) => {
+                self.local(queue, |q| q.hold(&e));
+                Ok(Some(e))
+            }
+            Ok(None) => {
+                drop(gate);
+                // Something may have become due while we waited.
+                if self.promote_if_due(queue, PROMOTE_BATCH).await? > 0 {
+                    let _gate = self.inner.reserve_gate.read().await;
+                    if let Some(e) = self.reserve_nonblocking(queue).await? {
+                        self.local(queue, |q| q.hold(&e));
+                        return Ok(Some(e));
+                    }
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                // The move may have happened without our hearing of it.
+                if e.is_connection() {
+                    self.local(queue, |q| q.check_orphans = true);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn recover_one(
+        &self,
+        queue: &str,
+        dead: &str,
+        max_recoveries: u32,
+    ) -> Result<Option<(usize, Vec<Vec<u8>>)>, TransportError> {
+        let mut s = scripts::RECOVER.prepare_invoke();
+        s.key(queue)
+            .key(consumer_processing_list(queue, dead))
+            .key(heartbeat_key(queue, dead))
+            .key(consumers_registry(queue))
+            .key(recoveries_hash(queue))
+            .key(self.own_list(queue))
+            .arg(dead)
+            .arg(max_recoveries);
+        let reply: Vec<Value> = self.script(s).await?;
+        let mut it = reply.into_iter();
+        let requeued = match it.next() {
+            Some(Value::Int(n)) if n < 0 => return Ok(None),
+            Some(Value::Int(n)) => n as usize,
+            other => {
+                return Err(TransportError::backend(format!(
+                    "unexpected reply from the recovery script: {other:?}"
+                )));
+            }
+        };
+        let exhausted = it
+            .map(|v| match v {
+                Value::BulkString(b) => Ok(b),
+                other => Err(TransportError::backend(format!(
+                    "unexpected element from the recovery script: {other:?}"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some((requeued, exhausted)))
     }
 }
 
@@ -287,12 +692,9 @@ impl Transport for RedisTransport {
         element: Vec<u8>,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            self.run::<i64>(
-                &self.inner.commands,
-                redis::cmd("RPUSH").arg(queue).arg(element),
-            )
-            .await
-            .map(drop)
+            self.run::<i64>(redis::cmd("RPUSH").arg(queue).arg(element))
+                .await
+                .map(drop)
         })
     }
 
@@ -302,31 +704,182 @@ impl Transport for RedisTransport {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
         Box::pin(async move {
-            // BLMOVE's timeout has millisecond resolution and 0 means "forever".
-            let element = if timeout < Duration::from_millis(1) {
-                self.reserve_nonblocking(queue).await?
-            } else {
-                self.reserve_blocking(queue, timeout).await?
-            };
+            let element = self.reserve_inner(queue, timeout).await?;
             Ok(element.map(|e| Delivery::new(queue, e, 0)))
         })
     }
 
     fn ack<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let removed: i64 = self
-                .run(
-                    &self.inner.commands,
+            let queue = delivery.queue();
+            let removed: i64 = if self.local(queue, |q| q.recoveries) {
+                let mut s = scripts::ACK.prepare_invoke();
+                s.key(self.own_list(queue))
+                    .key(recoveries_hash(queue))
+                    .arg(delivery.element());
+                self.script(s).await?
+            } else {
+                self.run(
                     redis::cmd("LREM")
-                        .arg(processing_list(delivery.queue()))
+                        .arg(self.own_list(queue))
                         .arg(1)
                         .arg(delivery.element()),
                 )
-                .await?;
+                .await?
+            };
+            self.local(queue, |q| q.release(delivery.element()));
             if removed == 0 {
-                tracing::warn!(
-                    queue = delivery.queue(),
-                    "ack found no such element in the processing list (already acked or requeued)"
+                tracing::debug!(
+                    queue,
+                    "ack found no such element in the own processing list (already acked, or recovered by another consumer)"
+                );
+            }
+            Ok(())
+        })
+    }
+
+    fn requeue<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        element: Vec<u8>,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let queue = delivery.queue();
+            let now = Instant::now();
+            let ms = if delay.is_zero() {
+                0
+            } else {
+                delay.as_millis().max(1) as u64
+            };
+            // A token per message keeps byte-identical delayed messages apart in the set.
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let mut s = scripts::REQUEUE.prepare_invoke();
+            s.key(self.own_list(queue))
+                .key(queue)
+                .key(delayed_set(queue))
+                .key(recoveries_hash(queue))
+                .arg(delivery.element())
+                .arg(element)
+                .arg(ms)
+                .arg(token);
+            let (removed, next): (i64, i64) = self.script(s).await?;
+            self.local(queue, |q| {
+                q.release(delivery.element());
+                if removed > 0 && ms > 0 {
+                    q.set_due(now, next);
+                }
+            });
+            if removed == 0 {
+                tracing::debug!(
+                    queue,
+                    "requeue found no such element in the own processing list (already settled, or recovered by another consumer)"
+                );
+            }
+            Ok(())
+        })
+    }
+
+    fn promote_due<'a>(
+        &'a self,
+        queue: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move { self.promote_if_due(queue, limit).await })
+    }
+
+    fn next_due<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let due = match self.local(queue, |q| q.known_due(now)) {
+                Some(known) => known,
+                None => {
+                    let mut s = scripts::NEXT_DUE.prepare_invoke();
+                    s.key(delayed_set(queue));
+                    let ms: i64 = self.script(s).await?;
+                    self.local(queue, |q| q.set_due(now, ms));
+                    self.local(queue, |q| q.earliest_due)
+                }
+            };
+            Ok(due.map(|d| d.saturating_duration_since(now)))
+        })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        queue: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move { self.register(queue, ttl).await })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        queue: &'a str,
+        max_recoveries: u32,
+    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
+        Box::pin(async move {
+            let mut s = scripts::EXPIRED.prepare_invoke();
+            s.key(consumers_registry(queue)).key(recoveries_hash(queue));
+            let reply: Vec<Value> = self.script(s).await?;
+            let mut it = reply.into_iter();
+            let counters = matches!(it.next(), Some(Value::Int(n)) if n > 0);
+            let candidates: Vec<String> = it
+                .filter_map(|v| match v {
+                    Value::BulkString(b) => String::from_utf8(b).ok(),
+                    _ => None,
+                })
+                .filter(|id| id != self.id())
+                .collect();
+            let mut requeued = 0;
+            let mut exhausted = Vec::new();
+            let _own = self.inner.own_list.lock().await;
+            for id in candidates {
+                if let Some((n, ex)) = self.recover_one(queue, &id, max_recoveries).await? {
+                    if n > 0 || !ex.is_empty() {
+                        tracing::warn!(
+                            queue,
+                            dead_consumer = %id,
+                            requeued = n,
+                            exhausted = ex.len(),
+                            "recovered the messages of a consumer whose heartbeat expired"
+                        );
+                    }
+                    requeued += n;
+                    exhausted.extend(ex);
+                }
+            }
+            self.local(queue, |q| {
+                q.recoveries = counters || requeued > 0;
+                for e in &exhausted {
+                    q.hold(e);
+                }
+            });
+            let exhausted = exhausted
+                .into_iter()
+                .map(|e| Delivery::new(queue, e, 0))
+                .collect();
+            Ok(Recovered::new(requeued, exhausted))
+        })
+    }
+
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let mut s = scripts::LEAVE.prepare_invoke();
+            s.key(heartbeat_key(queue, self.id()))
+                .key(consumers_registry(queue))
+                .key(self.own_list(queue))
+                .arg(self.id());
+            let left: usize = self.script(s).await?;
+            self.local(queue, |q| q.registered = false);
+            if left > 0 {
+                tracing::info!(
+                    queue,
+                    left,
+                    "left with messages in flight: the other consumers recover them"
                 );
             }
             Ok(())
@@ -339,11 +892,32 @@ impl Transport for RedisTransport {
     ) -> BoxFuture<'a, Result<usize, TransportError>> {
         Box::pin(async move {
             let mut moved = 0;
+            if self.is_cluster() {
+                // `<queue>:processing` has no hash tag: on a Cluster it is in another slot
+                // than `<queue>`, so no single command moves between them. Copy, then
+                // remove: a crash in between leaves a duplicate, never a loss.
+                loop {
+                    let element: Option<Vec<u8>> = self
+                        .run(redis::cmd("LINDEX").arg(processing_list(queue)).arg(-1))
+                        .await?;
+                    let Some(element) = element else { break };
+                    self.run::<i64>(redis::cmd("LPUSH").arg(queue).arg(&element))
+                        .await?;
+                    self.run::<i64>(
+                        redis::cmd("LREM")
+                            .arg(processing_list(queue))
+                            .arg(-1)
+                            .arg(&element),
+                    )
+                    .await?;
+                    moved += 1;
+                }
+                return Ok(moved);
+            }
             loop {
                 // Newest reservation first, each pushed to the head: the oldest ends first.
                 let element: Option<Vec<u8>> = self
                     .run(
-                        &self.inner.commands,
                         redis::cmd("LMOVE")
                             .arg(processing_list(queue))
                             .arg(queue)
@@ -360,7 +934,7 @@ impl Transport for RedisTransport {
                 tracing::info!(
                     queue,
                     moved,
-                    "requeued messages stranded in the processing list"
+                    "requeued messages stranded in the shared processing list"
                 );
             }
             Ok(moved)
