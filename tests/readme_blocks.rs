@@ -60,7 +60,10 @@ fn manifest(readme_toml: &str, root: &Path) -> String {
             deps.push('\n');
         }
     }
-    assert!(found, "the README's toml block must list `babelqueue = {{ … }}`");
+    assert!(
+        found,
+        "the README's toml block must list `babelqueue = {{ … }}`"
+    );
     format!(
         "[package]\nname = \"readme-check\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [workspace]\n\n[dependencies]\n{deps}"
@@ -77,7 +80,9 @@ fn block_extraction() {
         "[dependencies]\nbabelqueue = { version = \"0.1\", features = [\"full\"] } # note\ntokio = \"1\"\n",
         Path::new("/r"),
     );
-    assert!(m.contains("babelqueue = { path = \"/r\", version = \"0.1\", features = [\"full\"] }\n"));
+    assert!(
+        m.contains("babelqueue = { path = \"/r\", version = \"0.1\", features = [\"full\"] }\n")
+    );
     assert!(m.contains("\ntokio = \"1\"\n"));
 }
 
