@@ -70,8 +70,9 @@ struct Broker {
 enum QueueCommand {
     /// Counts of a queue: ready (`LLEN <queue>`), in flight (the legacy shared
     /// `<queue>:processing` list and each consumer's `{<queue>}:processing:<id>`),
-    /// delayed (`{<queue>}:delayed`), dead letters (`<queue>.dlq`) and live consumers
-    /// (`{<queue>}:heartbeat:<id>`).
+    /// delayed (`{<queue>}:delayed`), dead letters (`<queue>.dlq`), live consumers
+    /// (`{<queue>}:heartbeat:<id>`) and the consumer registry (`{<queue>}:consumers`,
+    /// with the ones whose heartbeat expired).
     Stats {
         /// The queue name.
         queue: String,

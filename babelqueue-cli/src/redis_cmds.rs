@@ -96,6 +96,10 @@ pub(crate) struct Stats {
     dead_letters: u64,
     /// Consumer ids with a live heartbeat key.
     alive: Vec<String>,
+    /// The consumer registry `{<queue>}:consumers`: (id, heartbeat expiry Unix ms).
+    registered: Vec<(String, i64)>,
+    /// The server's clock (Unix ms), to tell expired registrations.
+    now_ms: i64,
 }
 
 impl Stats {
@@ -118,7 +122,22 @@ impl Stats {
             "dead_letters": self.dead_letters,
             "dlq": self.dlq,
             "consumers_alive": self.alive,
+            "consumers_registered": self
+                .registered
+                .iter()
+                .map(|(c, exp)| (c.clone(), Value::from(*exp)))
+                .collect::<serde_json::Map<_, _>>(),
+            "consumers_expired": self.expired(),
         })
+    }
+
+    /// Registered consumers whose heartbeat expiry has passed (dead, awaiting recovery).
+    fn expired(&self) -> Vec<String> {
+        self.registered
+            .iter()
+            .filter(|(_, exp)| *exp <= self.now_ms)
+            .map(|(c, _)| c.clone())
+            .collect()
     }
 
     pub(crate) fn to_text(&self) -> String {
@@ -143,6 +162,19 @@ impl Stats {
         s += &format!(
             "consumers     {:<8}  alive ({{{q}}}:heartbeat:*)\n",
             self.alive.len()
+        );
+        let expired = self.expired();
+        s += &format!(
+            "registered    {:<8}  ({{{q}}}:consumers){}\n",
+            self.registered.len(),
+            if expired.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", heartbeat expired (to be recovered): {}",
+                    expired.join(", ")
+                )
+            }
         );
         s
     }
@@ -188,7 +220,22 @@ pub(crate) async fn stats(
         .into_iter()
         .map(|k| k.strip_prefix(&heartbeat).unwrap_or(&k).to_owned())
         .collect();
+    let registry = format!("{{{queue}}}:consumers");
+    let registered: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(&registry)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .map_err(redis_err(format!("ZRANGE {registry}")))?;
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .map_err(redis_err("TIME"))?;
     Ok(Stats {
+        now_ms: secs * 1000 + micros / 1000,
+        registered,
         queue: queue.to_owned(),
         ready,
         legacy_processing,

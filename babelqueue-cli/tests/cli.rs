@@ -207,6 +207,7 @@ async fn cleanup(conn: &mut redis::aio::MultiplexedConnection, queue: &str) {
         format!("{{{queue}}}:processing:c2"),
         format!("{{{queue}}}:delayed"),
         format!("{{{queue}}}:heartbeat:c1"),
+        format!("{{{queue}}}:consumers"),
     ];
     let _: () = redis::cmd("DEL")
         .arg(&keys)
@@ -241,6 +242,12 @@ async fn queue_stats_and_dead_letters_on_redis() {
         .rpush(format!("{{{queue}}}:processing:c2"), "c")
         .zadd(format!("{{{queue}}}:delayed"), "d", 1)
         .set_ex(format!("{{{queue}}}:heartbeat:c1"), "1", 60)
+        .zadd(
+            format!("{{{queue}}}:consumers"),
+            "c1",
+            4_102_444_800_000_i64,
+        )
+        .zadd(format!("{{{queue}}}:consumers"), "c2", 1_000_i64)
         .rpush(&dlq, dead_letter("m-1", "failed", "boom: db down"))
         .rpush(&dlq, dead_letter("m-2", "unknown_urn", "no handler"))
         .rpush(&dlq, &poison);
@@ -257,6 +264,11 @@ async fn queue_stats_and_dead_letters_on_redis() {
     assert_eq!(stats["delayed"], 1);
     assert_eq!(stats["dead_letters"], 3);
     assert_eq!(stats["consumers_alive"], json!(["c1"]));
+    assert_eq!(
+        stats["consumers_registered"],
+        json!({"c2": 1000, "c1": 4_102_444_800_000_i64})
+    );
+    assert_eq!(stats["consumers_expired"], json!(["c2"]));
     let o = run(&["queue", "stats", &queue, "--url", &url]);
     let text = stdout(&o);
     assert!(
