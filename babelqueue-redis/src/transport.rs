@@ -251,13 +251,28 @@ impl RedisTransport {
     /// ```
     pub fn open(url: &str) -> Result<Self, TransportError> {
         let client = Client::open(url).map_err(TransportError::backend)?;
-        Ok(Self::from_settings(Settings {
+        Ok(Self::from_client(client))
+    }
+
+    /// A transport on a [`redis::Client`] you built yourself (a private CA, client
+    /// certificates, a custom connection info). No connection is opened yet; timeouts as
+    /// for [`open`](Self::open).
+    ///
+    /// ```
+    /// use babelqueue_redis::{RedisTransport, redis};
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let transport = RedisTransport::from_client(client).consumer_id("worker-1");
+    /// assert_eq!(transport.id(), "worker-1");
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn from_client(client: Client) -> Self {
+        Self::from_settings(Settings {
             connector: Connector::Single(Box::new(client)),
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             consumer_id: uuid::Uuid::new_v4().simple().to_string(),
             registration_ttl: Duration::from_secs(30),
-        }))
+        })
     }
 
     /// A transport on a Redis Cluster, reached through any of `nodes` (`redis://host:port`
