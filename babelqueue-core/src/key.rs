@@ -92,3 +92,49 @@ macro_rules! int_key {
 int_key!(
     u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
 );
+
+/// The longest `meta.id` (in bytes) a message may carry to be handled: every store of this
+/// library can hold a key of this length (PostgreSQL and SQLite index it, Redis prefixes
+/// it). A longer id makes the message `poison` (see [`id_is_storable`]).
+pub const MAX_ID_LEN: usize = 512;
+
+/// Why an id cannot be stored by every store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnstorableId {
+    /// Longer than [`MAX_ID_LEN`] bytes.
+    #[error("meta.id is {len} bytes long, over the limit of {max} bytes")]
+    TooLong {
+        /// The id's length in bytes.
+        len: usize,
+        /// [`MAX_ID_LEN`].
+        max: usize,
+    },
+    /// Contains a NUL character (PostgreSQL text cannot hold it).
+    #[error("meta.id contains a NUL character")]
+    Nul,
+}
+
+/// The one rule for ids that a store can hold, the same in every store: at most
+/// [`MAX_ID_LEN`] bytes and no NUL character. (An empty id is not a key at all: the guard
+/// fails open.) The runtime dead-letters a message whose `meta.id` breaks it as `poison`,
+/// with the reason in `dead_letter.error`; a store refuses such a key with an error.
+///
+/// ```
+/// use babelqueue_core::key::{id_is_storable, UnstorableId, MAX_ID_LEN};
+/// assert!(id_is_storable("pay_7f3a").is_ok());
+/// assert_eq!(id_is_storable("a\0b"), Err(UnstorableId::Nul));
+/// assert!(matches!(id_is_storable(&"x".repeat(MAX_ID_LEN + 1)), Err(UnstorableId::TooLong { .. })));
+/// ```
+pub fn id_is_storable(id: &str) -> Result<(), UnstorableId> {
+    if id.len() > MAX_ID_LEN {
+        return Err(UnstorableId::TooLong {
+            len: id.len(),
+            max: MAX_ID_LEN,
+        });
+    }
+    if id.as_bytes().contains(&0) {
+        return Err(UnstorableId::Nul);
+    }
+    Ok(())
+}

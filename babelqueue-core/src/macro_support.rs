@@ -253,7 +253,7 @@ pub trait SyncLeaseGuard<R> {
 
 impl<S, R> SyncLeaseGuard<R> for S
 where
-    S: ClaimStore + ?Sized,
+    S: ClaimStore + Sync + ?Sized,
     R: IdempotentReturn<Error: AcceptsInFlight>,
     S: StoreFits<R::Kind>,
 {

@@ -32,7 +32,9 @@
 //! * `async_store` / `sync_store` ([`AsyncStore`] / [`Store`]): the conformance
 //!   idempotency sequences through the guard; `seen` / `remember` / `forget`; per-call and
 //!   default TTL expiry; namespace (prefix / table) isolation; awkward ids (unicode,
-//!   spaces, newlines, quotes, SQL and glob metacharacters, 4 KiB); 16 concurrent
+//!   spaces, newlines, quotes, SQL and glob metacharacters, [`MAX_ID_LEN`] bytes); ids
+//!   that break [the id rule](crate::key::id_is_storable) (over [`MAX_ID_LEN`] bytes, or
+//!   with a NUL) refused with a typed error before any I/O; 16 concurrent
 //!   `remember`s of one id, and, when [`StoreFactory::claim_once`] is given, exactly one
 //!   claim winner among them.
 //! * `async_lease` / `sync_lease` ([`AsyncLeaseStore`] / [`LeaseStore`]): the sequences
@@ -62,6 +64,8 @@ use serde::Deserialize;
 use crate::envelope::Envelope;
 use crate::guard::{Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl};
 use crate::handler::{BoxError, BoxFuture};
+use crate::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
+use crate::store_error::find_unstorable_id;
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
 
@@ -321,13 +325,14 @@ const SLOW_HANDLER: Duration = Duration::from_millis(300);
 /// How long a delivery retrying `InFlight` may keep trying.
 const RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// The awkward ids: pairs of near-identical spellings that must stay distinct ids.
+/// The awkward ids: pairs of near-identical spellings that must stay distinct ids (the
+/// longest is exactly [`MAX_ID_LEN`] bytes).
 pub fn awkward_id_pairs() -> Vec<(String, String)> {
-    let mut long = String::with_capacity(4096);
-    while long.len() < 4096 - 16 {
+    let mut long = String::with_capacity(MAX_ID_LEN);
+    while long.len() < MAX_ID_LEN - 16 {
         long.push_str("order/42 é \"q\" ");
     }
-    while long.len() < 4096 {
+    while long.len() < MAX_ID_LEN {
         long.push('x');
     }
     let mut long_twin = long.clone();
@@ -567,6 +572,47 @@ pub mod async_cases {
         ctx.done().await;
     }
 
+    /// Ids that break [the id rule](crate::key::id_is_storable) (one byte over
+    /// [`MAX_ID_LEN`], a NUL) are refused by `seen`, `remember`, `remember_for` and
+    /// `forget` with an error whose source chain holds the [`UnstorableId`] reason; an id of
+    /// exactly [`MAX_ID_LEN`] bytes is stored. A store that cannot fail (error type
+    /// [`Infallible`](std::convert::Infallible), the in-memory store) holds no such id
+    /// instead: it is never seen, so the guard fails open for it.
+    pub async fn unstorable_ids_are_refused<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncStore,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = ctx.store(None).await;
+        let longest = "é".repeat(MAX_ID_LEN / 2);
+        assert_eq!(longest.len(), MAX_ID_LEN);
+        check(s.remember(&longest).await, "remember of a MAX_ID_LEN id");
+        assert!(check(s.seen(&longest).await, "seen"), "a MAX_ID_LEN id is stored");
+        let fallible = !is_infallible::<<F::Store as AsyncStore>::Error>();
+        for bad in unstorable_ids() {
+            let why = id_is_storable(&bad).expect_err("the rule refuses it");
+            let at = truncate(&bad);
+            if fallible {
+                expect_unstorable(s.seen(&bad).await, &why, &format!("seen {at:?}"));
+                expect_unstorable(s.remember(&bad).await, &why, &format!("remember {at:?}"));
+                expect_unstorable(
+                    s.remember_for(&bad, Some(LONG_LEASE)).await,
+                    &why,
+                    &format!("remember_for {at:?}"),
+                );
+                expect_unstorable(s.forget(&bad).await, &why, &format!("forget {at:?}"));
+            } else {
+                check(s.remember(&bad).await, "remember");
+                assert!(
+                    !check(s.seen(&bad).await, "seen"),
+                    "{at:?}: an infallible store held an unusable id"
+                );
+            }
+        }
+        ctx.done().await;
+    }
+
     /// 16 tasks `remember` one id at once: all succeed and it is seen; with
     /// [`StoreFactory::claim_once`], 16 concurrent claims of a fresh id have exactly one
     /// winner, and after a `forget` exactly one again.
@@ -632,6 +678,30 @@ pub mod async_cases {
             }
         }
         ctx.done().await;
+    }
+}
+
+/// Ids that break the id rule: one byte over [`MAX_ID_LEN`], and ids with a NUL.
+pub fn unstorable_ids() -> Vec<String> {
+    vec!["x".repeat(MAX_ID_LEN + 1), "a\0b".to_owned(), "\0".to_owned()]
+}
+
+fn is_infallible<E: 'static>() -> bool {
+    std::any::TypeId::of::<E>() == std::any::TypeId::of::<std::convert::Infallible>()
+}
+
+fn expect_unstorable<T: std::fmt::Debug, E: std::error::Error + 'static>(
+    r: Result<T, E>,
+    why: &UnstorableId,
+    at: &str,
+) {
+    match r {
+        Ok(v) => panic!("{at}: an unusable id was accepted ({v:?})"),
+        Err(e) => assert_eq!(
+            find_unstorable_id(&e),
+            Some(why),
+            "{at}: the error does not carry the UnstorableId reason: {e:?}"
+        ),
     }
 }
 
@@ -1506,7 +1576,8 @@ macro_rules! store_suite {
             $crate::testing::async_cases::conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs async_cases {
             seen_remember_forget, remember_for_ttl_expires, default_ttl_expires,
-            namespaces_are_isolated, awkward_ids, concurrent_remember_one_id
+            namespaces_are_isolated, awkward_ids, unstorable_ids_are_refused,
+            concurrent_remember_one_id
         } ($factory));
     };
     (@async_lease $attrs:tt ($factory:expr)) => {

@@ -21,7 +21,8 @@ mod store;
 mod transport;
 
 pub use store::{
-    DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
+    DEFAULT_PREFIX, FENCE_RETENTION, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder,
+    RedisStoreError, fence_key,
 };
 pub use transport::{RedisTransport, processing_list};
 
