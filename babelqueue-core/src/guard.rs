@@ -458,9 +458,7 @@ where
                 Ok(false) => Some(store.remember_for(&key, ttl).await),
                 _ => None,
             };
-            let lost = settle_lease(&key, completed, lost, || {
-                fallback.unwrap_or_else(|| Ok(()))
-            });
+            let lost = settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
             Ok(leased(done(Outcome::Ran), &token, lost))
         }
         Err(e) => {

@@ -59,8 +59,8 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::guard::Outcome;
 use crate::guard::HandlerResult;
+use crate::guard::Outcome;
 use crate::store::{AsyncStore, Store};
 
 /// An opaque token proving who holds a claim, with the claim's fencing token.

@@ -102,8 +102,7 @@ fn pool_error(operation: &'static str, e: deadpool_postgres::PoolError) -> Postg
     match e {
         PoolError::Backend(e) => db_error(operation, e),
         PoolError::Timeout(_) => {
-            StoreUnavailable::with_source("postgres", operation, UnavailableKind::Timeout, e)
-                .into()
+            StoreUnavailable::with_source("postgres", operation, UnavailableKind::Timeout, e).into()
         }
         e => StoreUnavailable::with_source("postgres", operation, UnavailableKind::Connection, e)
             .into(),
@@ -440,13 +439,19 @@ impl PostgresStore {
         if self.is_migrated(&client).await? {
             return Ok(());
         }
-        let tx = client.transaction().await.map_err(|e| db_error("migrate", e))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| db_error("migrate", e))?;
         tx.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
             &[&format!("babelqueue:migrate:{}", self.table)],
         )
-        .await.map_err(|e| db_error("migrate", e))?;
-        tx.batch_execute(&self.table.ddl()).await.map_err(|e| db_error("migrate", e))?;
+        .await
+        .map_err(|e| db_error("migrate", e))?;
+        tx.batch_execute(&self.table.ddl())
+            .await
+            .map_err(|e| db_error("migrate", e))?;
         tx.commit().await.map_err(|e| db_error("migrate", e))?;
         tracing::debug!(table = %self.table, "babelqueue idempotency table migrated");
         Ok(())
@@ -508,7 +513,9 @@ impl PostgresStore {
     ) -> Result<T, PostgresStoreError> {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(r) => r,
-            Err(_) => Err(StoreUnavailable::new("postgres", operation, UnavailableKind::Timeout).into()),
+            Err(_) => {
+                Err(StoreUnavailable::new("postgres", operation, UnavailableKind::Timeout).into())
+            }
         }
     }
 
@@ -519,7 +526,11 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, PostgresStoreError> {
         self.bounded(operation, async {
-            let client = self.pool.get().await.map_err(|e| pool_error(operation, e))?;
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_error(operation, e))?;
             let stmt = client
                 .prepare_cached(sql)
                 .await
@@ -539,7 +550,11 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, PostgresStoreError> {
         self.bounded(operation, async {
-            let client = self.pool.get().await.map_err(|e| pool_error(operation, e))?;
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_error(operation, e))?;
             let stmt = client
                 .prepare_cached(sql)
                 .await
@@ -595,7 +610,11 @@ impl PostgresStore {
         id_is_storable(id)?;
         let ttl_ms = ttl.or(self.ttl).map(millis);
         let n = self
-            .execute("complete", &self.sql.complete, &[&id, &ttl_ms, &token.as_str()])
+            .execute(
+                "complete",
+                &self.sql.complete,
+                &[&id, &ttl_ms, &token.as_str()],
+            )
             .await?;
         Ok(n == 1)
     }

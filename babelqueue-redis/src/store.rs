@@ -144,17 +144,16 @@ impl RedisStoreError {
     }
 }
 
-/// Classifies a client error: a timeout, an I/O or connection failure, or a server that
+/// Classifies a client error: a timeout, a refused or broken connection, or a server that
 /// cannot serve right now (loading, failover, cluster down) is [`StoreUnavailable`];
-/// anything else stays [`RedisStoreError::Redis`].
+/// anything else (a wrong password, an untrusted certificate, a script error) stays
+/// [`RedisStoreError::Redis`].
 pub(crate) fn redis_error(operation: &'static str, e: redis::RedisError) -> RedisStoreError {
     use redis::{ErrorKind, ServerErrorKind};
     let kind = if e.is_timeout() {
         Some(UnavailableKind::Timeout)
-    } else if e.is_io_error()
-        || e.is_connection_dropped()
+    } else if e.is_connection_dropped()
         || e.is_connection_refusal()
-        || e.is_unrecoverable_error()
         || matches!(
             e.kind(),
             ErrorKind::Server(

@@ -477,7 +477,7 @@ impl Inner {
         self.with_conn("forget", id, |c| {
             c.prepare_cached(&self.sql.forget)?.execute(params![id])
         })
-            .map(|_| ())
+        .map(|_| ())
     }
 
     fn purge_expired(&self) -> Result<usize, SqliteStoreError> {
@@ -544,9 +544,12 @@ impl Inner {
         let now = now_ms();
         let until = deadline(now, lease);
         self.with_conn("renew", id, |c| {
-            Ok(c.prepare_cached(&self.sql.renew)?
-                .execute(params![id, token.as_str(), now, until])?
-                == 1)
+            Ok(c.prepare_cached(&self.sql.renew)?.execute(params![
+                id,
+                token.as_str(),
+                now,
+                until
+            ])? == 1)
         })
     }
 
