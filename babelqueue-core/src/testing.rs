@@ -69,6 +69,8 @@ use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
 use crate::store_error::find_unstorable_id;
 
+pub mod faults;
+
 /// Environment variable naming the conformance directory (holding `manifest.json`).
 pub const CONFORMANCE_DIR_ENV: &str = "BABELQUEUE_CONFORMANCE_DIR";
 
