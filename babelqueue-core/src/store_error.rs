@@ -1,5 +1,5 @@
 //! Store errors the runtime must tell apart by type: [`StoreUnavailable`] (the store could
-//! not answer, or not in time) and [`UnstorableId`](crate::key::UnstorableId) (the id
+//! not answer, or not in time) and [`UnstorableId`] (the id
 //! breaks [the one rule](crate::key::id_is_storable) for ids a store can hold).
 //!
 //! Every store of this project puts one of these two types in its error's

@@ -10,7 +10,7 @@
 //!   gives it.
 //! * [`Redelivery`] delivers one envelope *n* times, one after another or all at once,
 //!   through [`guard_async`](crate::guard_async) or
-//!   [`guard_lease_async`](crate::guard_lease_async) and your handler, and reports what
+//!   [`guard_lease_async`] and your handler, and reports what
 //!   happened ([`Deliveries`]: effects, runs, skips, in-flight answers, errors).
 //!
 //! ```
