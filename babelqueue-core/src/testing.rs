@@ -42,7 +42,14 @@
 //!   failed holder lets the next delivery run; an expired lease lets a new claim win; a
 //!   stranger's token can neither complete nor release; TTL on completion; an id is
 //!   `seen` while held (as on the shared stores, where other SDKs see the held key or
-//!   row), not after a release; `forget` drops a held claim.
+//!   row), not after a release; `forget` drops a held claim; a lease of 300 ms with a
+//!   handler of 1.2 s and 8 concurrent deliveries → one run (renewal), the id completed
+//!   afterwards; `renew` only for the holder of an unexpired lease; fencing tokens
+//!   increase across release, expiry and forget; the id rule on every lease call.
+//! * `sync_lease` also runs the renewal case with 8 threads and a blocking handler.
+//! * [`renewed_lease_across_processes`]: the same renewal race across two processes.
+//! * [`faults`]: the fault kit, a store wrapper that fails chosen calls and a helper that
+//!   delivers one envelope n times through the real guard.
 //! * [`lease_across_processes`]: two OS processes race on one id (the test binary runs
 //!   itself twice): exactly one effect.
 //!

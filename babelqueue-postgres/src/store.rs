@@ -214,7 +214,14 @@ impl Statements {
 /// `expires_at = lease_expires_at` = the lease deadline. Other SDKs therefore see it as
 /// seen (and their claim as lost) until the lease ends, never longer; completing clears
 /// the lease columns and sets `expires_at` to the TTL deadline or NULL, which is exactly
-/// the row the Go SDK writes.
+/// the row the Go SDK writes. `renew` moves both deadlines while the token holds the row;
+/// each acquired claim takes the next value of the sequence `<table>_fence_seq` (created by
+/// `migrate`) as its fencing token ([`LeaseToken::fence`]).
+///
+/// **Timeouts**: every pooled connection has a `statement_timeout` (builder
+/// [`statement_timeout`](PostgresStoreBuilder::statement_timeout), default 5 s), and each
+/// call is also bounded on the client; a timeout, a lost connection or a pool that cannot
+/// give a connection is [`PostgresStoreError::Unavailable`].
 ///
 /// ```no_run
 /// use std::time::Duration;

@@ -6,15 +6,21 @@
 //! | --- | --- | --- | --- |
 //! | completed (remembered) | `<prefix><meta.id>` (default prefix `bq:idemp:`) | `1` | none, or `PX <ttl>` |
 //! | in flight (lease mode, Rust only) | the same key | `lease:<token>` | `PX <lease>` |
+//! | fencing counter (lease mode, Rust only) | [`fence_key`]: `{<key>}\0fence` | an integer, `INCR`ed by each claim | `PX` [`FENCE_RETENTION`] (7 days) after the last claim or renewal |
 //!
 //! * seen-set mode: `seen` = `EXISTS key`, `remember` = `SET key 1 NX [PX ttl]`,
 //!   `forget` = `DEL key`. A completed id is byte for byte what the Go SDK writes, and a key
 //!   the Go SDK wrote is seen here.
-//! * lease mode: `claim`, `complete` and `release` are Lua scripts ([`redis::Script`], so
+//! * lease mode: `claim`, `complete`, `release` and `renew` are Lua scripts ([`redis::Script`], so
 //!   `EVALSHA`), each one round trip and atomic on the server; `complete` and `release`
 //!   only act when the key still holds `lease:<token>` (compare-and-set /
 //!   compare-and-delete). Any value other than `lease:…` counts as completed, so an id
 //!   remembered by another SDK is never claimed again.
+//!
+//! `claim` also increments the id's fencing counter (the claim's fencing token,
+//! [`LeaseToken::fence`]); `renew` extends the lease (and the counter's expiry) only while
+//! the key still holds `lease:<token>`. Every call is bounded by the response timeout; a
+//! timeout or a lost connection is [`RedisStoreError::Unavailable`].
 //!
 //! **What another SDK sees while a Rust lease holder processes an id**: the key exists,
 //! so its `seen` (`EXISTS`) is true and it skips (and acks) its copy of the message, for
