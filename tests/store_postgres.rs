@@ -505,28 +505,81 @@ async fn schema_qualified_tables_work() -> Result<(), PostgresStoreError> {
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
-async fn an_id_too_large_for_the_index_is_an_error_and_nothing_runs() {
-    // PostgreSQL's btree keeps index entries up to ~2.7 KB: an incompressible 4 KiB id
-    // cannot be a primary key (the same limit applies to every SDK's table). It must be
-    // a clean error, the guard must not run the handler, and the message is retried.
+async fn an_unusable_id_is_refused_before_any_io_and_nothing_runs() {
+    // PostgreSQL's btree keeps index entries up to ~2.7 KB: a 4 KiB id could not be a
+    // primary key. The id rule refuses it (and a NUL, which `text` cannot hold) before
+    // any statement, with a typed error; the guard does not run the handler.
     let t = Table::new();
     let store = store_on(&t.0).await;
     let id: String = (0..128)
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
         .collect();
-    assert_eq!(id.len(), 4096);
+    for bad in [id.as_str(), "nul\0inside"] {
+        let err = store.remember(bad).await.expect_err("an unusable id");
+        assert!(
+            matches!(err, PostgresStoreError::UnstorableId(_)),
+            "{err:?}"
+        );
+        let mut ran = false;
+        let out = guard_lease_async(&store, bad, Duration::from_secs(5), None, async {
+            ran = true;
+            Ok::<(), BoxError>(())
+        })
+        .await;
+        let err = out.expect_err("refused");
+        assert!(!ran);
+        assert!(
+            babelqueue::store_error::find_unstorable_id(&*err).is_some(),
+            "{err:?}"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
+async fn a_locked_table_answers_within_the_statement_timeout() -> Result<(), PostgresStoreError> {
+    let t = Table::new();
+    store_on(&t.0).await;
+    let store = PostgresStore::builder(url())
+        .table(&t.0)
+        .statement_timeout(Duration::from_millis(500))
+        .connect()
+        .await?;
+    // Another session holds the test's own table in ACCESS EXCLUSIVE mode.
+    let mut locker = raw().await;
+    let tx = locker.transaction().await?;
+    tx.batch_execute(&format!("LOCK TABLE \"{}\" IN ACCESS EXCLUSIVE MODE", t.0))
+        .await?;
+    let started = std::time::Instant::now();
     let err = store
-        .remember(&id)
+        .seen("locked-out")
         .await
-        .expect_err("an oversized index entry");
-    assert!(matches!(err, PostgresStoreError::Db(_)), "{err:?}");
-    let mut ran = false;
-    let out = guard_lease_async(&store, id.as_str(), Duration::from_secs(5), None, async {
-        ran = true;
-        Ok::<(), BoxError>(())
-    })
-    .await;
-    assert!(out.is_err() && !ran, "{out:?}");
+        .expect_err("the table is locked");
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    let boxed: BoxError = Box::new(err);
+    let marker = babelqueue::store_error::find_unavailable(&*boxed).expect("typed marker");
+    assert_eq!(marker.operation, "seen");
+    // Configured 500 ms; generous margin for a loaded machine, far below "forever".
+    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    let err = store.remember("locked-out").await.expect_err("locked");
+    assert!(err.is_timeout(), "{err:?}");
+    tx.rollback().await?;
+    store.remember("locked-out").await?;
+    assert!(
+        store.seen("locked-out").await?,
+        "works again once the lock is gone"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
+fn renewed_lease_across_two_processes() {
+    babelqueue::testing::renewed_lease_across_processes(
+        Postgres,
+        "renewed_lease_across_two_processes",
+    );
 }
 
 #[tokio::test]
@@ -540,10 +593,10 @@ async fn an_unreachable_server_is_an_error() {
         .migrate()
         .await
         .expect_err("nothing listens on port 1");
-    assert!(matches!(err, PostgresStoreError::Pool(_)), "{err:?}");
+    assert!(err.is_unavailable(), "{err:?}");
     let err = store
         .seen("x")
         .await
         .expect_err("nothing listens on port 1");
-    assert!(matches!(err, PostgresStoreError::Pool(_)), "{err:?}");
+    assert!(err.is_unavailable(), "{err:?}");
 }

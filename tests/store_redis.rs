@@ -365,7 +365,169 @@ async fn an_unreachable_server_is_an_error() {
         .connect()
         .await
         .expect_err("nothing listens on port 1");
-    assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
+    assert!(err.is_unavailable(), "{err:?}");
+}
+
+#[test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+fn renewed_lease_across_two_processes() {
+    babelqueue::testing::renewed_lease_across_processes(
+        Redis,
+        "renewed_lease_across_two_processes",
+    );
+}
+
+/// A plain `redis-server` of this test on its own port (range 17400-17449), killed on
+/// drop (also when the test panics).
+struct OwnRedis {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl OwnRedis {
+    fn start(port: u16) -> Self {
+        let dir = std::env::temp_dir().join(format!("bq-own-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH");
+        let server = OwnRedis { child, dir, port };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+
+    fn signal(&self, sig: &str) {
+        let st = std::process::Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill {sig}");
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on PATH (starts its own on port 17401); CI runs it with --include-ignored"]
+async fn a_frozen_server_answers_within_the_response_timeout() -> Result<(), RedisStoreError> {
+    let server = OwnRedis::start(17401);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{}/0", server.port))
+        .response_timeout(Duration::from_millis(300))
+        .connection_timeout(Duration::from_millis(300))
+        .retries(0)
+        .connect()
+        .await?;
+    store.remember("before").await?;
+    // The server stops answering (SIGSTOP): the connection stays open, no reply comes.
+    server.signal("-STOP");
+    let started = std::time::Instant::now();
+    let err = store.seen("before").await.expect_err("a frozen server");
+    let took = started.elapsed();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    let boxed: babelqueue::BoxError = Box::new(err);
+    assert!(babelqueue::store_error::is_unavailable(&*boxed));
+    server.signal("-CONT");
+    // The connection manager reconnects on its own.
+    let mut seen = Err(RedisStoreError::UnexpectedReply {
+        script: "none",
+        reply: 0,
+    });
+    for _ in 0..50 {
+        seen = store.seen("before").await;
+        if seen.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen?, "remembered before the freeze");
+    Ok(())
+}
+
+/// Redis Cluster's slot of a key: CRC16 (XMODEM) of its hash tag (the bytes between the
+/// first `{` and the next `}`, if not empty) or of the whole key, modulo 16384.
+fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = key
+        .find('{')
+        .and_then(|open| key[open + 1..].find('}').map(|len| (open + 1, len)))
+        .filter(|&(_, len)| len > 0)
+        .map_or(bytes, |(start, len)| &bytes[start..start + len]);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[test]
+fn key_slot_matches_the_cluster_spec() {
+    // The examples of the Redis Cluster specification.
+    assert_eq!(key_slot("123456789"), 0x31C3 & 0x3FFF); // CRC16 0x31C3, slot 12739
+    assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+    assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn the_fencing_counter_shares_the_key_slot_and_expires() -> Result<(), RedisStoreError> {
+    let store = RedisStore::builder(url())
+        .prefix(format!("bqt:{}:", uuid::Uuid::new_v4().simple()))
+        .connect()
+        .await?;
+    let id = unique_id();
+    let Claim::Acquired(t) = AsyncLeaseStore::claim(&store, &id, Duration::from_secs(30)).await?
+    else {
+        panic!("fresh id")
+    };
+    let mut c = raw().await;
+    let fence_key = store.fence_key(&id);
+    let (value, pttl): (u64, i64) = redis::pipe()
+        .get(&fence_key)
+        .cmd("PTTL")
+        .arg(&fence_key)
+        .query_async(&mut c)
+        .await?;
+    assert_eq!(Some(value), t.fence());
+    assert!(
+        pttl > 6 * 24 * 3600 * 1000,
+        "kept about 7 days, not forever: {pttl}"
+    );
+    let (a, b) = (key_slot(&store.key(&id)), key_slot(&fence_key));
+    assert_eq!(a, b, "the counter lives in the key's cluster slot");
+    assert!(AsyncLeaseStore::complete(&store, &id, &t, None).await?);
+    let _: i64 = redis::cmd("DEL")
+        .arg(store.key(&id))
+        .arg(&fence_key)
+        .query_async(&mut c)
+        .await?;
+    Ok(())
 }
 
 /// A TLS-only `redis-server` on a free port with a throwaway CA; killed and cleaned up

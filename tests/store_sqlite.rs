@@ -59,6 +59,40 @@ fn lease_across_two_processes() {
     babelqueue::testing::lease_across_processes(Sqlite, "lease_across_two_processes");
 }
 
+#[test]
+fn renewed_lease_across_two_processes() {
+    babelqueue::testing::renewed_lease_across_processes(
+        Sqlite,
+        "renewed_lease_across_two_processes",
+    );
+}
+
+#[test]
+fn a_locked_file_answers_within_the_busy_timeout() -> Result<(), Box<dyn std::error::Error>> {
+    let file = Scratch::new();
+    let store = SqliteStore::builder(&file.0)
+        .busy_timeout(Duration::from_millis(300))
+        .open()?;
+    // Another connection holds the write lock.
+    let locker = rusqlite::Connection::open(&file.0)?;
+    locker.execute_batch("BEGIN IMMEDIATE")?;
+    let started = std::time::Instant::now();
+    let err = store
+        .remember("locked-out")
+        .expect_err("the file is locked");
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    let err = LeaseStore::claim(&store, "locked-out", Duration::from_secs(5)).expect_err("locked");
+    assert!(err.is_unavailable(), "{err:?}");
+    let boxed: babelqueue::BoxError = Box::new(err);
+    assert!(babelqueue::store_error::is_unavailable(&*boxed));
+    locker.execute_batch("ROLLBACK")?;
+    store.remember("locked-out")?;
+    assert!(store.seen("locked-out")?);
+    Ok(())
+}
+
 /// A scratch file removed on drop.
 struct Scratch(PathBuf);
 

@@ -31,7 +31,10 @@ use std::time::Duration;
 
 use crate::inflight;
 use crate::key::DedupeKey;
-use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore};
+use crate::lease::{
+    self, AsyncLeaseStore, Claim, InFlight, LeaseHealth, LeaseLostCause, LeaseStore, LeaseToken,
+    LeasedOutcome,
+};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
 
 /// What the guard did with one delivery.
@@ -289,11 +292,15 @@ fn release_failed(key: &str, err: &dyn std::error::Error) {
 }
 
 /// Guards a blocking handler in **lease mode** (see [`crate::lease`]): claims the key
-/// for `lease` before running, so two workers never run it at the same moment.
+/// for `lease` before running, renews the claim every third of `lease` from a thread
+/// beside the handler, so two workers never run it at the same moment, and marks it
+/// completed when the handler succeeds.
 ///
 /// An id in flight elsewhere returns [`InFlight`] converted into the handler's error
 /// (so the handler's error type must implement `From<InFlight>`): do not ack, retry
-/// later.
+/// later. A lost lease is logged (`tracing::warn!` with the id);
+/// [`guard_lease_report`] returns it typed. The handler reads its fencing token with
+/// [`current_fencing_token`](crate::lease::current_fencing_token).
 ///
 /// ```
 /// use std::time::Duration;
@@ -317,7 +324,44 @@ pub fn guard_lease<S, K, F, R>(
     handler: F,
 ) -> Result<Outcome, R::Error>
 where
-    S: LeaseStore + ?Sized,
+    S: LeaseStore + Sync + ?Sized,
+    K: DedupeKey,
+    F: FnOnce() -> R,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+    R::Error: From<InFlight>,
+{
+    guard_lease_report(store, key, lease, ttl, handler).map(|r| r.outcome)
+}
+
+/// [`guard_lease`] returning the typed [`LeasedOutcome`]: the outcome, the claim's
+/// fencing token, and whether the lease held ([`LeaseHealth`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use babelqueue_core::guard::guard_lease_report;
+/// use babelqueue_core::lease::LeaseHealth;
+/// use babelqueue_core::{InFlight, InMemoryStore, Outcome};
+///
+/// #[derive(Debug)]
+/// struct Busy;
+/// impl From<InFlight> for Busy { fn from(_: InFlight) -> Self { Busy } }
+///
+/// let store = InMemoryStore::new();
+/// let r = guard_lease_report(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Busy>(()))
+///     .unwrap();
+/// assert_eq!((r.outcome, r.lease), (Outcome::Ran, LeaseHealth::Held));
+/// assert!(r.fencing_token.is_some());
+/// ```
+pub fn guard_lease_report<S, K, F, R>(
+    store: &S,
+    key: K,
+    lease: Duration,
+    ttl: Option<Duration>,
+    handler: F,
+) -> Result<LeasedOutcome, R::Error>
+where
+    S: LeaseStore + Sync + ?Sized,
     K: DedupeKey,
     F: FnOnce() -> R,
     R: HandlerResult,
@@ -326,13 +370,13 @@ where
 {
     let Some(key) = key.dedupe_key() else {
         handler().into_result()?;
-        return Ok(done(Outcome::RanWithoutKey));
+        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
     };
     let _turn = inflight::turn_blocking(&key);
     let token = match inflight::store_before_sync(&key, || store.claim(&key, lease))
         .map_err(IntoHandlerError::into_handler_error)?
     {
-        Claim::Completed => return Ok(skipped(&key)),
+        Claim::Completed => return Ok(unclaimed(skipped(&key))),
         Claim::InFlight => {
             inflight::in_flight_elsewhere(&key);
             return Err(InFlight {
@@ -343,17 +387,12 @@ where
         Claim::Acquired(token) => token,
     };
     inflight::handler_runs();
-    match handler().into_result() {
+    let (result, lost) = lease::run_renewing_sync(store, &key, &token, lease, handler);
+    match result {
         Ok(()) => {
-            match store.complete(&key, &token, ttl) {
-                Ok(true) => {}
-                Ok(false) => tracing::warn!(
-                    key = &*key,
-                    "handler succeeded after its lease ended; the id was not marked completed"
-                ),
-                Err(err) => remember_failed(&key, &err),
-            }
-            Ok(done(Outcome::Ran))
+            let completed = store.complete(&key, &token, ttl);
+            let lost = settle_lease(&key, completed, lost, || store.remember_for(&key, ttl));
+            Ok(leased(done(Outcome::Ran), &token, lost))
         }
         Err(e) => {
             if let Err(err) = store.release(&key, &token) {
@@ -364,7 +403,8 @@ where
     }
 }
 
-/// The async counterpart of [`guard_lease`], for an [`AsyncLeaseStore`].
+/// The async counterpart of [`guard_lease`], for an [`AsyncLeaseStore`]: the lease is
+/// renewed beside the handler, in the same task.
 pub async fn guard_lease_async<S, K, Fut, R>(
     store: &S,
     key: K,
@@ -380,16 +420,38 @@ where
     S::Error: IntoHandlerError<R::Error>,
     R::Error: From<InFlight>,
 {
+    guard_lease_async_report(store, key, lease, ttl, handler)
+        .await
+        .map(|r| r.outcome)
+}
+
+/// [`guard_lease_async`] returning the typed [`LeasedOutcome`] (see
+/// [`guard_lease_report`]).
+pub async fn guard_lease_async_report<S, K, Fut, R>(
+    store: &S,
+    key: K,
+    lease: Duration,
+    ttl: Option<Duration>,
+    handler: Fut,
+) -> Result<LeasedOutcome, R::Error>
+where
+    S: AsyncLeaseStore + ?Sized,
+    K: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+    R::Error: From<InFlight>,
+{
     let Some(key) = key.dedupe_key() else {
         handler.await.into_result()?;
-        return Ok(done(Outcome::RanWithoutKey));
+        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
     };
     let _turn = inflight::turn_async(&key).await;
     let token = match inflight::store_before(&key, store.claim(&key, lease))
         .await
         .map_err(IntoHandlerError::into_handler_error)?
     {
-        Claim::Completed => return Ok(skipped(&key)),
+        Claim::Completed => return Ok(unclaimed(skipped(&key))),
         Claim::InFlight => {
             inflight::in_flight_elsewhere(&key);
             return Err(InFlight {
@@ -400,23 +462,69 @@ where
         Claim::Acquired(token) => token,
     };
     inflight::handler_runs();
-    match handler.await.into_result() {
+    let (result, lost) = lease::run_renewing_async(store, &key, &token, lease, handler).await;
+    match result {
         Ok(()) => {
-            match inflight::store_after(store.complete(&key, &token, ttl)).await {
-                Ok(true) => {}
-                Ok(false) => tracing::warn!(
-                    key = &*key,
-                    "handler succeeded after its lease ended; the id was not marked completed"
-                ),
-                Err(err) => remember_failed(&key, &err),
-            }
-            Ok(done(Outcome::Ran))
+            let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
+            let fallback = match &completed {
+                Ok(false) => Some(store.remember_for(&key, ttl).await),
+                _ => None,
+            };
+            let lost = settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
+            Ok(leased(done(Outcome::Ran), &token, lost))
         }
         Err(e) => {
             if let Err(err) = store.release(&key, &token).await {
                 release_failed(&key, &err);
             }
             Err(e)
+        }
+    }
+}
+
+fn unclaimed(outcome: Outcome) -> LeasedOutcome {
+    LeasedOutcome {
+        outcome,
+        fencing_token: None,
+        lease: LeaseHealth::NotClaimed,
+    }
+}
+
+fn leased(outcome: Outcome, token: &LeaseToken, lost: Option<LeaseLostCause>) -> LeasedOutcome {
+    LeasedOutcome {
+        outcome,
+        fencing_token: token.fence(),
+        lease: lost.map_or(LeaseHealth::Held, LeaseHealth::Lost),
+    }
+}
+
+/// After a successful handler: logs what `complete` answered and, when the lease was lost
+/// (complete refused), remembers the id if nobody holds it (`remember`), so a later
+/// duplicate is skipped. Returns why the lease was lost, if it was.
+fn settle_lease<E: std::error::Error, E2: std::error::Error>(
+    key: &str,
+    completed: Result<bool, E>,
+    renew_lost: Option<LeaseLostCause>,
+    remember: impl FnOnce() -> Result<(), E2>,
+) -> Option<LeaseLostCause> {
+    match completed {
+        Ok(true) => renew_lost,
+        Ok(false) => {
+            let remembered = remember();
+            tracing::warn!(
+                key,
+                remembered = remembered.is_ok(),
+                "handler succeeded after its lease was lost; the id was remembered unless \
+                 another worker holds it (that worker may run it too)"
+            );
+            if let Err(err) = remembered {
+                remember_failed(key, &err);
+            }
+            Some(renew_lost.unwrap_or(LeaseLostCause::CompleteRefused))
+        }
+        Err(err) => {
+            remember_failed(key, &err);
+            Some(LeaseLostCause::CompleteFailed(err.to_string()))
         }
     }
 }

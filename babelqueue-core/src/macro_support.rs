@@ -198,7 +198,7 @@ impl<Err: ConvertsInto<E>, E> StoreErrorFits<ResultKind<E>> for Err {}
 macro_rules! guard_trait {
     (
         $(#[$meta:meta])*
-        $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
+        $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
         ($($lease:ident)?), sync
     ) => {
         $(#[$meta])*
@@ -217,7 +217,7 @@ macro_rules! guard_trait {
 
         impl<S, K> $name<K> for S
         where
-            S: $marker + ?Sized,
+            S: $marker $(+ $extra)? + ?Sized,
             K: $kind_bound,
             S: $fits<K>,
         {
@@ -305,7 +305,7 @@ guard_trait! {
         label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
         note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
     )]
-    SyncLeaseGuard, LeaseKind, ClaimStore, StoreFits, guard_lease, (lease), sync
+    SyncLeaseGuard, LeaseKind, ClaimStore + Sync, StoreFits, guard_lease, (lease), sync
 }
 
 guard_trait! {

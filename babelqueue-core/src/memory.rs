@@ -4,8 +4,11 @@ use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use hashbrown::HashTable;
 
@@ -59,6 +62,8 @@ pub struct InMemoryStore {
     ttl: Option<Duration>,
     per_shard_capacity: Option<usize>,
     epoch: Instant,
+    /// The last fencing token handed out (one counter for every id: increasing per id).
+    fences: AtomicU64,
 }
 
 /// Builds an [`InMemoryStore`] with a TTL and/or a capacity.
@@ -106,6 +111,7 @@ impl InMemoryStoreBuilder {
             ttl: self.ttl,
             per_shard_capacity: self.capacity.map(|c| (c / shards).max(1)),
             epoch: Instant::now(),
+            fences: AtomicU64::new(0),
         }
     }
 }
@@ -372,6 +378,9 @@ impl InMemoryStore {
     }
 
     fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
+        if !storable(id) {
+            return false;
+        }
         let key = KeyRef::parse(id);
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
@@ -390,6 +399,9 @@ impl InMemoryStore {
     /// stores, where an in-flight id is seen by every reader until it is released or
     /// its lease ends).
     fn is_seen(&self, id: &str) -> bool {
+        if !storable(id) {
+            return false;
+        }
         let key = KeyRef::parse(id);
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
@@ -407,6 +419,12 @@ impl InMemoryStore {
     }
 
     fn try_claim(&self, id: &str, lease: Duration) -> Claim {
+        if !storable(id) {
+            // Never held (see `storable`): the holder runs, and cannot complete.
+            return Claim::Acquired(
+                LeaseToken::new().with_fence(self.fences.fetch_add(1, Ordering::Relaxed) + 1),
+            );
+        }
         let key = KeyRef::parse(id);
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
@@ -423,10 +441,29 @@ impl InMemoryStore {
             shard.inflight.retain(|_, (_, d)| now < *d);
             shard.sweep_inflight_at = (shard.inflight.len() * 2).max(64);
         }
-        let token = LeaseToken::new();
+        let token = LeaseToken::new().with_fence(self.fences.fetch_add(1, Ordering::Relaxed) + 1);
         let deadline = self.deadline(now, Some(lease));
         shard.inflight.insert(id.into(), (token.clone(), deadline));
         Claim::Acquired(token)
+    }
+
+    /// Extends a held, unexpired claim of `token` to end `lease` from now.
+    fn extend(&self, id: &str, token: &LeaseToken, lease: Duration) -> bool {
+        if !storable(id) {
+            return false;
+        }
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let until = self.deadline(now, Some(lease));
+        let mut shard = self.shard(hash);
+        match shard.inflight.get_mut(id) {
+            Some((t, d)) if t == token && now < *d => {
+                *d = until;
+                true
+            }
+            _ => false,
+        }
     }
 
     fn finish(&self, id: &str, token: &LeaseToken, complete: Option<Option<Duration>>) -> bool {
@@ -452,6 +489,15 @@ impl InMemoryStore {
         }
         true
     }
+}
+
+/// The in-memory store cannot fail, so it applies the id rule
+/// ([`id_is_storable`](crate::key::id_is_storable)) by never holding an id that breaks it:
+/// such an id is never seen and never remembered (the guard fails open for it, as for an
+/// empty id), where the other stores refuse it with a typed error. The runtime dead-letters
+/// such messages as poison before any store is asked.
+fn storable(id: &str) -> bool {
+    crate::key::id_is_storable(id).is_ok()
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the data is a
@@ -527,6 +573,10 @@ impl LeaseStore for InMemoryStore {
     fn release(&self, id: &str, token: &LeaseToken) -> Result<bool, Infallible> {
         Ok(self.finish(id, token, None))
     }
+
+    fn renew(&self, id: &str, token: &LeaseToken, lease: Duration) -> Result<bool, Infallible> {
+        Ok(self.extend(id, token, lease))
+    }
 }
 
 impl AsyncLeaseStore for InMemoryStore {
@@ -553,6 +603,15 @@ impl AsyncLeaseStore for InMemoryStore {
         token: &LeaseToken,
     ) -> impl Future<Output = Result<bool, Infallible>> + Send {
         std::future::ready(Ok(self.finish(id, token, None)))
+    }
+
+    fn renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Infallible>> + Send {
+        std::future::ready(Ok(self.extend(id, token, lease)))
     }
 }
 

@@ -32,7 +32,9 @@
 //! * `async_store` / `sync_store` ([`AsyncStore`] / [`Store`]): the conformance
 //!   idempotency sequences through the guard; `seen` / `remember` / `forget`; per-call and
 //!   default TTL expiry; namespace (prefix / table) isolation; awkward ids (unicode,
-//!   spaces, newlines, quotes, SQL and glob metacharacters, 4 KiB); 16 concurrent
+//!   spaces, newlines, quotes, SQL and glob metacharacters, [`MAX_ID_LEN`] bytes); ids
+//!   that break [the id rule](crate::key::id_is_storable) (over [`MAX_ID_LEN`] bytes, or
+//!   with a NUL) refused with a typed error before any I/O; 16 concurrent
 //!   `remember`s of one id, and, when [`StoreFactory::claim_once`] is given, exactly one
 //!   claim winner among them.
 //! * `async_lease` / `sync_lease` ([`AsyncLeaseStore`] / [`LeaseStore`]): the sequences
@@ -40,7 +42,14 @@
 //!   failed holder lets the next delivery run; an expired lease lets a new claim win; a
 //!   stranger's token can neither complete nor release; TTL on completion; an id is
 //!   `seen` while held (as on the shared stores, where other SDKs see the held key or
-//!   row), not after a release; `forget` drops a held claim.
+//!   row), not after a release; `forget` drops a held claim; a lease of 300 ms with a
+//!   handler of 1.2 s and 8 concurrent deliveries → one run (renewal), the id completed
+//!   afterwards; `renew` only for the holder of an unexpired lease; fencing tokens
+//!   increase across release, expiry and forget; the id rule on every lease call.
+//! * `sync_lease` also runs the renewal case with 8 threads and a blocking handler.
+//! * [`renewed_lease_across_processes`]: the same renewal race across two processes.
+//! * [`faults`]: the fault kit, a store wrapper that fails chosen calls and a helper that
+//!   delivers one envelope n times through the real guard.
 //! * [`lease_across_processes`]: two OS processes race on one id (the test binary runs
 //!   itself twice): exactly one effect.
 //!
@@ -62,8 +71,12 @@ use serde::Deserialize;
 use crate::envelope::Envelope;
 use crate::guard::{Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl};
 use crate::handler::{BoxError, BoxFuture};
+use crate::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
+use crate::store_error::find_unstorable_id;
+
+pub mod faults;
 
 /// Environment variable naming the conformance directory (holding `manifest.json`).
 pub const CONFORMANCE_DIR_ENV: &str = "BABELQUEUE_CONFORMANCE_DIR";
@@ -318,16 +331,20 @@ const PAST_SHORT_TTL: Duration = Duration::from_millis(1500);
 const LONG_LEASE: Duration = Duration::from_secs(30);
 /// A handler slow enough that concurrent deliveries overlap it.
 const SLOW_HANDLER: Duration = Duration::from_millis(300);
+/// The short lease of the renewal cases, and a handler far past it.
+const SHORT_LEASE: Duration = Duration::from_millis(300);
+const HANDLER_PAST_LEASE: Duration = Duration::from_millis(1200);
 /// How long a delivery retrying `InFlight` may keep trying.
 const RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// The awkward ids: pairs of near-identical spellings that must stay distinct ids.
+/// The awkward ids: pairs of near-identical spellings that must stay distinct ids (the
+/// longest is exactly [`MAX_ID_LEN`] bytes).
 pub fn awkward_id_pairs() -> Vec<(String, String)> {
-    let mut long = String::with_capacity(4096);
-    while long.len() < 4096 - 16 {
+    let mut long = String::with_capacity(MAX_ID_LEN);
+    while long.len() < MAX_ID_LEN - 16 {
         long.push_str("order/42 é \"q\" ");
     }
-    while long.len() < 4096 {
+    while long.len() < MAX_ID_LEN {
         long.push('x');
     }
     let mut long_twin = long.clone();
@@ -567,6 +584,50 @@ pub mod async_cases {
         ctx.done().await;
     }
 
+    /// Ids that break [the id rule](crate::key::id_is_storable) (one byte over
+    /// [`MAX_ID_LEN`], a NUL) are refused by `seen`, `remember`, `remember_for` and
+    /// `forget` with an error whose source chain holds the [`UnstorableId`] reason; an id of
+    /// exactly [`MAX_ID_LEN`] bytes is stored. A store that cannot fail (error type
+    /// [`Infallible`](std::convert::Infallible), the in-memory store) holds no such id
+    /// instead: it is never seen, so the guard fails open for it.
+    pub async fn unstorable_ids_are_refused<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncStore,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = ctx.store(None).await;
+        let longest = "é".repeat(MAX_ID_LEN / 2);
+        assert_eq!(longest.len(), MAX_ID_LEN);
+        check(s.remember(&longest).await, "remember of a MAX_ID_LEN id");
+        assert!(
+            check(s.seen(&longest).await, "seen"),
+            "a MAX_ID_LEN id is stored"
+        );
+        let fallible = !is_infallible::<<F::Store as AsyncStore>::Error>();
+        for bad in unstorable_ids() {
+            let why = id_is_storable(&bad).expect_err("the rule refuses it");
+            let at = truncate(&bad);
+            if fallible {
+                expect_unstorable(s.seen(&bad).await, &why, &format!("seen {at:?}"));
+                expect_unstorable(s.remember(&bad).await, &why, &format!("remember {at:?}"));
+                expect_unstorable(
+                    s.remember_for(&bad, Some(LONG_LEASE)).await,
+                    &why,
+                    &format!("remember_for {at:?}"),
+                );
+                expect_unstorable(s.forget(&bad).await, &why, &format!("forget {at:?}"));
+            } else {
+                check(s.remember(&bad).await, "remember");
+                assert!(
+                    !check(s.seen(&bad).await, "seen"),
+                    "{at:?}: an infallible store held an unusable id"
+                );
+            }
+        }
+        ctx.done().await;
+    }
+
     /// 16 tasks `remember` one id at once: all succeed and it is seen; with
     /// [`StoreFactory::claim_once`], 16 concurrent claims of a fresh id have exactly one
     /// winner, and after a `forget` exactly one again.
@@ -632,6 +693,34 @@ pub mod async_cases {
             }
         }
         ctx.done().await;
+    }
+}
+
+/// Ids that break the id rule: one byte over [`MAX_ID_LEN`], and ids with a NUL.
+pub fn unstorable_ids() -> Vec<String> {
+    vec![
+        "x".repeat(MAX_ID_LEN + 1),
+        "a\0b".to_owned(),
+        "\0".to_owned(),
+    ]
+}
+
+fn is_infallible<E: 'static>() -> bool {
+    std::any::TypeId::of::<E>() == std::any::TypeId::of::<std::convert::Infallible>()
+}
+
+fn expect_unstorable<T: std::fmt::Debug, E: std::error::Error + 'static>(
+    r: Result<T, E>,
+    why: &UnstorableId,
+    at: &str,
+) {
+    match r {
+        Ok(v) => panic!("{at}: an unusable id was accepted ({v:?})"),
+        Err(e) => assert_eq!(
+            find_unstorable_id(&e),
+            Some(why),
+            "{at}: the error does not carry the UnstorableId reason: {e:?}"
+        ),
     }
 }
 
@@ -730,7 +819,7 @@ pub mod async_lease_cases {
         let mut ctx = Ctx::new(&factory);
         let store = Arc::new(ctx.store(None).await);
         let (ran, skipped, in_flight) =
-            race_deliveries(Arc::clone(&store), "one-effect", 16, true).await;
+            race_deliveries(Arc::clone(&store), "one-effect", 16, true, Race::LONG).await;
         assert_eq!(ran, 1, "exactly one effect");
         assert_eq!(
             skipped, 15,
@@ -973,13 +1062,274 @@ pub mod async_lease_cases {
     }
 }
 
+/// The renewal, fencing and id-rule cases for an [`AsyncLeaseStore`] (part of
+/// `kinds = [async_lease]`).
+pub mod async_renewal_cases {
+    use super::*;
+
+    /// A lease of 300 ms, a handler of 1.2 s, 8 concurrent deliveries of one id: the
+    /// lease is renewed while the handler runs, so exactly one delivery runs it and seven
+    /// skip once it completed; the id is completed afterwards.
+    pub async fn renewed_lease_one_run_across_8_tasks<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncLeaseStore,
+        <F::Store as AsyncStore>::Error: IntoHandlerError<BoxError>,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let store = Arc::new(ctx.store(None).await);
+        let (ran, skipped, in_flight) =
+            race_deliveries(Arc::clone(&store), "renewed", 8, true, Race::RENEWED).await;
+        assert_eq!(
+            ran, 1,
+            "exactly one run although the handler outlived its lease"
+        );
+        assert_eq!(skipped, 7, "every other delivery skipped once it completed");
+        assert!(in_flight > 0, "the race did not happen");
+        assert_eq!(
+            check(store.claim("renewed", LONG_LEASE).await, "claim"),
+            Claim::Completed,
+            "the id is remembered afterwards"
+        );
+        ctx.done().await;
+    }
+
+    /// `renew` extends the holder's lease past its first end; a stranger, a released or
+    /// a completed claim cannot be renewed.
+    pub async fn renew_extends_only_the_holders_lease<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncLeaseStore,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = ctx.store(None).await;
+        let Claim::Acquired(t) = check(s.claim("renewed", SHORT_TTL).await, "claim") else {
+            panic!("a fresh id must be acquired")
+        };
+        assert!(check(s.renew("renewed", &t, LONG_LEASE).await, "renew"));
+        assert!(
+            !check(
+                s.renew("renewed", &LeaseToken::new(), LONG_LEASE).await,
+                "renew"
+            ),
+            "a stranger renewed"
+        );
+        tokio::time::sleep(PAST_SHORT_TTL).await;
+        assert_eq!(
+            check(s.claim("renewed", LONG_LEASE).await, "claim"),
+            Claim::InFlight,
+            "the renewed lease ended with its first length"
+        );
+        assert!(
+            check(s.seen("renewed").await, "seen"),
+            "a renewed claim is seen"
+        );
+        assert!(check(s.complete("renewed", &t, None).await, "complete"));
+        assert!(
+            !check(s.renew("renewed", &t, LONG_LEASE).await, "renew"),
+            "renewed a completed id"
+        );
+        let Claim::Acquired(t) = check(s.claim("released", LONG_LEASE).await, "claim") else {
+            panic!("a fresh id must be acquired")
+        };
+        assert!(check(s.release("released", &t).await, "release"));
+        assert!(
+            !check(s.renew("released", &t, LONG_LEASE).await, "renew"),
+            "renewed a released claim"
+        );
+        let Claim::Acquired(t) = check(s.claim("lapsed", SHORT_TTL).await, "claim") else {
+            panic!("a fresh id must be acquired")
+        };
+        tokio::time::sleep(PAST_SHORT_TTL).await;
+        assert!(
+            !check(s.renew("lapsed", &t, LONG_LEASE).await, "renew"),
+            "renewed a lease that had ended"
+        );
+        ctx.done().await;
+    }
+
+    /// Every claim carries a fencing token, larger for every later claim of the same id:
+    /// after a release, after a lease that ended, after a completed id was forgotten.
+    pub async fn fencing_tokens_increase<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncLeaseStore,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = ctx.store(None).await;
+        let mut last = 0;
+        let mut next = |claim: Claim, what: &str| -> LeaseToken {
+            let Claim::Acquired(t) = claim else {
+                panic!("{what}: expected an acquired claim, got {claim:?}")
+            };
+            let fence = t
+                .fence()
+                .unwrap_or_else(|| panic!("{what}: no fencing token"));
+            assert!(fence > last, "{what}: fencing token {fence} after {last}");
+            last = fence;
+            t
+        };
+        let t = next(
+            check(s.claim("f", LONG_LEASE).await, "claim"),
+            "first claim",
+        );
+        assert!(check(s.release("f", &t).await, "release"));
+        let _t = next(
+            check(s.claim("f", SHORT_TTL).await, "claim"),
+            "after release",
+        );
+        tokio::time::sleep(PAST_SHORT_TTL).await;
+        let t = next(
+            check(s.claim("f", LONG_LEASE).await, "claim"),
+            "after expiry",
+        );
+        assert!(check(s.complete("f", &t, None).await, "complete"));
+        check(s.forget("f").await, "forget");
+        next(
+            check(s.claim("f", LONG_LEASE).await, "claim"),
+            "after forget",
+        );
+        ctx.done().await;
+    }
+
+    /// `claim`, `complete`, `release` and `renew` refuse ids that break the id rule with
+    /// an error carrying the [`UnstorableId`] reason (a store that cannot fail never holds
+    /// them: not seen after a claim).
+    pub async fn lease_unstorable_ids_are_refused<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: AsyncLeaseStore,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = ctx.store(None).await;
+        let fallible = !is_infallible::<<F::Store as AsyncStore>::Error>();
+        let token = LeaseToken::new();
+        for bad in unstorable_ids() {
+            let why = id_is_storable(&bad).expect_err("the rule refuses it");
+            let at = truncate(&bad);
+            if fallible {
+                expect_unstorable(
+                    s.claim(&bad, LONG_LEASE).await,
+                    &why,
+                    &format!("claim {at:?}"),
+                );
+                expect_unstorable(
+                    s.complete(&bad, &token, None).await,
+                    &why,
+                    &format!("complete {at:?}"),
+                );
+                expect_unstorable(
+                    s.release(&bad, &token).await,
+                    &why,
+                    &format!("release {at:?}"),
+                );
+                expect_unstorable(
+                    s.renew(&bad, &token, LONG_LEASE).await,
+                    &why,
+                    &format!("renew {at:?}"),
+                );
+            } else {
+                check(s.claim(&bad, LONG_LEASE).await, "claim");
+                assert!(!check(s.seen(&bad).await, "seen"), "{at:?} held");
+            }
+        }
+        ctx.done().await;
+    }
+}
+
+/// The renewal case for a blocking [`LeaseStore`] (part of `kinds = [sync_lease]`).
+pub mod sync_renewal_cases {
+    use super::*;
+
+    /// A lease of 300 ms, a blocking handler of 1.2 s, 8 threads delivering one id: the
+    /// guard's renewal thread keeps the lease, so exactly one thread runs it; the id is
+    /// completed afterwards.
+    pub async fn sync_renewed_lease_one_run_across_8_threads<F>(factory: F)
+    where
+        F: StoreFactory,
+        F::Store: LeaseStore,
+        <F::Store as Store>::Error: IntoHandlerError<BoxError>,
+    {
+        let mut ctx = Ctx::new(&factory);
+        let s = Arc::new(ctx.store(None).await);
+        join(
+            tokio::task::spawn_blocking(move || {
+                let barrier = std::sync::Barrier::new(8);
+                let effects = AtomicUsize::new(0);
+                let (ran, skipped) = (AtomicUsize::new(0), AtomicUsize::new(0));
+                std::thread::scope(|scope| {
+                    for _ in 0..8 {
+                        scope.spawn(|| {
+                            barrier.wait();
+                            let started = Instant::now();
+                            loop {
+                                let r = guard_lease(&*s, "renewed", SHORT_LEASE, None, || {
+                                    effects.fetch_add(1, Ordering::SeqCst);
+                                    assert!(crate::lease::current_fencing_token().is_some());
+                                    std::thread::sleep(HANDLER_PAST_LEASE);
+                                    Ok::<(), BoxError>(())
+                                });
+                                match r {
+                                    Ok(Outcome::Ran) => {
+                                        ran.fetch_add(1, Ordering::SeqCst);
+                                        return;
+                                    }
+                                    Ok(Outcome::Skipped) => {
+                                        skipped.fetch_add(1, Ordering::SeqCst);
+                                        return;
+                                    }
+                                    Ok(other) => panic!("unexpected outcome {other:?}"),
+                                    Err(e) if is_in_flight(&e) && started.elapsed() < RETRY_FOR => {
+                                        std::thread::sleep(Duration::from_millis(25));
+                                    }
+                                    Err(e) => panic!("delivery failed: {e:?}"),
+                                }
+                            }
+                        });
+                    }
+                });
+                assert_eq!(effects.load(Ordering::SeqCst), 1, "exactly one run");
+                assert_eq!(ran.load(Ordering::SeqCst), 1);
+                assert_eq!(skipped.load(Ordering::SeqCst), 7);
+                assert_eq!(
+                    check(s.claim("renewed", LONG_LEASE), "claim"),
+                    Claim::Completed
+                );
+            })
+            .await,
+        );
+        ctx.done().await;
+    }
+}
+
 /// Races `n` deliveries of `id` through [`guard_lease_async`] with a slow handler;
 /// deliveries told `InFlight` retry. Returns (ran, skipped, in-flight answers seen).
+/// The lease and the handler's duration of a race.
+#[derive(Debug, Clone, Copy)]
+struct Race {
+    lease: Duration,
+    handler: Duration,
+}
+
+impl Race {
+    /// A lease far longer than the handler.
+    const LONG: Race = Race {
+        lease: LONG_LEASE,
+        handler: SLOW_HANDLER,
+    };
+    /// A handler several times longer than its lease: only renewal keeps it alone.
+    const RENEWED: Race = Race {
+        lease: SHORT_LEASE,
+        handler: HANDLER_PAST_LEASE,
+    };
+}
+
 async fn race_deliveries<S>(
     store: Arc<S>,
     id: &str,
     n: usize,
     same_process: bool,
+    race: Race,
 ) -> (usize, usize, usize)
 where
     S: AsyncLeaseStore + 'static,
@@ -1005,9 +1355,13 @@ where
                 let mut in_flight = 0;
                 loop {
                     let (effects, done) = (Arc::clone(&effects), Arc::clone(&finished));
-                    let r = guard_lease_async(&*store, id.as_str(), LONG_LEASE, None, async move {
+                    let r = guard_lease_async(&*store, id.as_str(), race.lease, None, async move {
                         effects.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(SLOW_HANDLER).await;
+                        assert!(
+                            crate::lease::current_fencing_token().is_some(),
+                            "no fencing token inside the leased handler"
+                        );
+                        tokio::time::sleep(race.handler).await;
                         done.store(true, Ordering::SeqCst);
                         Ok::<(), BoxError>(())
                     })
@@ -1336,8 +1690,30 @@ where
     F::Store: AsyncLeaseStore,
     <F::Store as AsyncStore>::Error: IntoHandlerError<BoxError>,
 {
+    race_across_processes(factory, test_name, Race::LONG);
+}
+
+/// [`lease_across_processes`] with a lease of 300 ms and a handler of 1.2 s: only the
+/// renewal of the lease while the handler runs keeps the other fifteen deliveries (in two
+/// processes) from running it too. Exactly one run, fifteen skips, and the id completed
+/// afterwards (a later claim answers [`Claim::Completed`]).
+pub fn renewed_lease_across_processes<F>(factory: F, test_name: &str)
+where
+    F: StoreFactory,
+    F::Store: AsyncLeaseStore,
+    <F::Store as AsyncStore>::Error: IntoHandlerError<BoxError>,
+{
+    race_across_processes(factory, test_name, Race::RENEWED);
+}
+
+fn race_across_processes<F>(factory: F, test_name: &str, race: Race)
+where
+    F: StoreFactory,
+    F::Store: AsyncLeaseStore,
+    <F::Store as AsyncStore>::Error: IntoHandlerError<BoxError>,
+{
     if std::env::var_os(CHILD_ENV).is_some() {
-        return run(child(factory));
+        return run(child(factory, race));
     }
     let rt = runtime();
     let spec = StoreSpec::fresh();
@@ -1406,7 +1782,7 @@ where
     rt.block_on(factory.cleanup(&spec));
 }
 
-async fn child<F>(factory: F)
+async fn child<F>(factory: F, race: Race)
 where
     F: StoreFactory,
     F::Store: AsyncLeaseStore,
@@ -1427,7 +1803,8 @@ where
     if wait > 0 {
         tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
     }
-    let (ran, skipped, in_flight) = race_deliveries(store, &id, TASKS_PER_PROCESS, false).await;
+    let (ran, skipped, in_flight) =
+        race_deliveries(store, &id, TASKS_PER_PROCESS, false, race).await;
     println!("\n{RESULT_TAG} ran={ran} skipped={skipped} in_flight={in_flight}");
 }
 
@@ -1506,7 +1883,8 @@ macro_rules! store_suite {
             $crate::testing::async_cases::conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs async_cases {
             seen_remember_forget, remember_for_ttl_expires, default_ttl_expires,
-            namespaces_are_isolated, awkward_ids, concurrent_remember_one_id
+            namespaces_are_isolated, awkward_ids, unstorable_ids_are_refused,
+            concurrent_remember_one_id
         } ($factory));
     };
     (@async_lease $attrs:tt ($factory:expr)) => {
@@ -1516,6 +1894,10 @@ macro_rules! store_suite {
             lease_one_effect_across_16_tasks, lease_failed_holder_lets_next_run,
             lease_expired_lets_new_claim_win, lease_stranger_token_cannot_finish,
             lease_complete_ttl_expires, lease_visibility_and_forget
+        } ($factory));
+        $crate::store_suite!(@case $attrs async_renewal_cases {
+            renewed_lease_one_run_across_8_tasks, renew_extends_only_the_holders_lease,
+            fencing_tokens_increase, lease_unstorable_ids_are_refused
         } ($factory));
     };
     (@sync_store $attrs:tt ($factory:expr)) => {
@@ -1530,6 +1912,9 @@ macro_rules! store_suite {
             $crate::testing::sync_lease_cases::sync_lease_conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs sync_lease_cases {
             sync_lease_one_effect_across_16_threads, sync_lease_tokens_and_expiry
+        } ($factory));
+        $crate::store_suite!(@case $attrs sync_renewal_cases {
+            sync_renewed_lease_one_run_across_8_threads
         } ($factory));
     };
     (@seq [$(#[$attr:meta])*] $test:ident $path:path, ($factory:expr)) => {

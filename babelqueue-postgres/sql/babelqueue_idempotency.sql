@@ -30,5 +30,10 @@ CREATE INDEX IF NOT EXISTS babelqueue_idempotency_expires_at_idx
 ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS lease_token TEXT NULL;
 ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ NULL;
 
+-- Lease mode fencing tokens (Rust SDK), additive: every claim takes the next value, so a
+-- later claim of an id always carries a larger token than any earlier one (rows may be
+-- deleted and re-created; the sequence never goes back). Other SDKs never read it.
+CREATE SEQUENCE IF NOT EXISTS babelqueue_idempotency_fence_seq;
+
 -- Housekeeping (purge_expired()): expired rows are already ignored, this reclaims space.
 --   DELETE FROM babelqueue_idempotency WHERE expires_at IS NOT NULL AND expires_at <= now();

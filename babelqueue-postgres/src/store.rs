@@ -5,6 +5,8 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
+use babelqueue_core::key::{UnstorableId, id_is_storable};
+use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
@@ -16,6 +18,12 @@ use crate::table::{InvalidTableName, TableName};
 const DEFAULT_POOL_SIZE: usize = 16;
 /// Default connect / pool wait timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default per-statement timeout (server-side `statement_timeout`).
+const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much longer than the statement timeout the client waits for a whole call (pool
+/// wait + statement) before giving up on its own: the server's cancellation normally
+/// answers first.
+const CLIENT_MARGIN: Duration = Duration::from_millis(500);
 
 /// What can go wrong with the PostgreSQL store.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +50,66 @@ pub enum PostgresStoreError {
     /// The TLS settings (`sslmode`, `sslrootcert`, roots) cannot be honoured.
     #[error("postgres store: TLS settings")]
     Tls(#[from] crate::tls::TlsError),
+    /// The server could not answer, or not within the store's timeouts (statement
+    /// timeout, pool wait, connection): not the message's fault. Also found by
+    /// [`babelqueue_core::store_error::find_unavailable`].
+    #[error("postgres store unavailable")]
+    Unavailable(#[from] StoreUnavailable),
+    /// The id breaks the rule every store applies ([`id_is_storable`]): refused before
+    /// any I/O.
+    #[error("postgres store: unusable id")]
+    UnstorableId(#[from] UnstorableId),
+}
+
+impl PostgresStoreError {
+    /// Whether the store was unavailable (down, unreachable, or too slow).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, PostgresStoreError::Unavailable(_))
+    }
+
+    /// Whether a call timed out (statement timeout, pool wait, client-side bound).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, PostgresStoreError::Unavailable(u) if u.is_timeout())
+    }
+}
+
+/// Classifies a driver error: a cancelled statement (the statement timeout) or a broken
+/// connection is [`StoreUnavailable`]; anything else stays [`PostgresStoreError::Db`].
+fn db_error(operation: &'static str, e: tokio_postgres::Error) -> PostgresStoreError {
+    use tokio_postgres::error::SqlState;
+    let kind = match e.code() {
+        Some(c) if *c == SqlState::QUERY_CANCELED || *c == SqlState::LOCK_NOT_AVAILABLE => {
+            Some(UnavailableKind::Timeout)
+        }
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            Some(UnavailableKind::Connection)
+        }
+        Some(_) => None,
+        None if e.is_closed() || e.as_db_error().is_none() => Some(UnavailableKind::Connection),
+        None => None,
+    };
+    match kind {
+        Some(kind) => StoreUnavailable::with_source("postgres", operation, kind, e).into(),
+        None => PostgresStoreError::Db(e),
+    }
+}
+
+/// Classifies a pool error: every failure to get a connection is unavailability.
+fn pool_error(operation: &'static str, e: deadpool_postgres::PoolError) -> PostgresStoreError {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => db_error(operation, e),
+        PoolError::Timeout(_) => {
+            StoreUnavailable::with_source("postgres", operation, UnavailableKind::Timeout, e).into()
+        }
+        e => StoreUnavailable::with_source("postgres", operation, UnavailableKind::Connection, e)
+            .into(),
+    }
 }
 
 babelqueue_core::handler_error_from!(PostgresStoreError);
@@ -55,6 +123,7 @@ struct Statements {
     claim: String,
     complete: String,
     release: String,
+    renew: String,
     purge: String,
 }
 
@@ -76,6 +145,8 @@ impl Statements {
         let t = table.sql();
         let live = format!("({t}.expires_at IS NULL OR {t}.expires_at > now())");
         let held = in_flight(&t);
+        // The sequence name is a validated identifier: safe inside the literal.
+        let seq = table.fence_sequence_sql();
         Statements {
             seen: format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE message_id = $1 AND {live})"),
             // Exactly the statement of SPEC section 3 (the Go SDK's Claim).
@@ -107,7 +178,7 @@ impl Statements {
                    WHEN EXISTS (SELECT 1 FROM {t} WHERE message_id = $1 AND {live} AND NOT {held}) \
                      THEN 'completed' \
                    ELSE 'in_flight' \
-                 END"
+                 END, (SELECT nextval('{seq}') FROM claimed)"
             ),
             complete: format!(
                 "UPDATE {t} SET created_at = now(), expires_at = {DEADLINE}, \
@@ -117,6 +188,11 @@ impl Statements {
             release: format!(
                 "DELETE FROM {t} \
                  WHERE message_id = $1 AND lease_token = $2 AND {held} AND {t}.expires_at > now()"
+            ),
+            // Extends a held, unexpired lease of the token: $2 = lease ms, $3 = token.
+            renew: format!(
+                "UPDATE {t} SET expires_at = {DEADLINE}, lease_expires_at = {DEADLINE} \
+                 WHERE message_id = $1 AND lease_token = $3 AND {held} AND {t}.expires_at > now()"
             ),
             purge: format!("DELETE FROM {t} WHERE expires_at IS NOT NULL AND expires_at <= now()"),
         }
@@ -141,7 +217,14 @@ impl Statements {
 /// `expires_at = lease_expires_at` = the lease deadline. Other SDKs therefore see it as
 /// seen (and their claim as lost) until the lease ends, never longer; completing clears
 /// the lease columns and sets `expires_at` to the TTL deadline or NULL, which is exactly
-/// the row the Go SDK writes.
+/// the row the Go SDK writes. `renew` moves both deadlines while the token holds the row;
+/// each acquired claim takes the next value of the sequence `<table>_fence_seq` (created by
+/// `migrate`) as its fencing token ([`LeaseToken::fence`]).
+///
+/// **Timeouts**: every pooled connection has a `statement_timeout` (builder
+/// [`statement_timeout`](PostgresStoreBuilder::statement_timeout), default 5 s), and each
+/// call is also bounded on the client; a timeout, a lost connection or a pool that cannot
+/// give a connection is [`PostgresStoreError::Unavailable`].
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -165,6 +248,7 @@ pub struct PostgresStore {
     table: TableName,
     sql: std::sync::Arc<Statements>,
     ttl: Option<Duration>,
+    call_timeout: Duration,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -185,6 +269,7 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     timeout: Duration,
     tls: crate::tls::TlsSettings,
+    statement_timeout: Duration,
 }
 
 impl PostgresStoreBuilder {
@@ -264,6 +349,17 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// How long one statement may run on the server before it is cancelled (default 5 s):
+    /// set as `statement_timeout` on every pooled connection, so a call blocked by a lock
+    /// (another session's `LOCK TABLE`, a long transaction) fails with a timeout
+    /// ([`PostgresStoreError::is_timeout`]) instead of waiting forever. The client also
+    /// gives up on a whole call (pool wait + statement) 500 ms after it.
+    #[must_use]
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Validates the table name, parses the URL (including `sslmode` and
     /// `sslrootcert`, see [`SslMode`](crate::SslMode)) and builds the pool. Connections
     /// are opened on first use; call [`PostgresStore::migrate`] (which also proves the
@@ -281,6 +377,7 @@ impl PostgresStoreBuilder {
         if config.get_application_name().is_none() {
             config.application_name("babelqueue-rs");
         }
+        with_statement_timeout(&mut config, self.statement_timeout);
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -295,8 +392,21 @@ impl PostgresStoreBuilder {
             .wait_timeout(Some(self.timeout))
             .create_timeout(Some(self.timeout))
             .build()?;
-        Ok(PostgresStore::from_pool_and_table(pool, table).with_ttl(self.ttl))
+        Ok(PostgresStore::from_pool_and_table(pool, table)
+            .with_ttl(self.ttl)
+            .with_call_timeout(self.statement_timeout + CLIENT_MARGIN))
     }
+}
+
+/// Adds `-c statement_timeout=<ms>` to the connection's startup options (keeping any
+/// options of the URL), so every pooled connection has it from the start.
+fn with_statement_timeout(config: &mut tokio_postgres::Config, timeout: Duration) {
+    let setting = format!("-c statement_timeout={}", millis(timeout).max(1));
+    let options = match config.get_options() {
+        Some(existing) if !existing.is_empty() => format!("{existing} {setting}"),
+        _ => setting,
+    };
+    config.options(options);
 }
 
 fn millis(d: Duration) -> i64 {
@@ -319,11 +429,14 @@ impl PostgresStore {
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
             tls: crate::tls::TlsSettings::default(),
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
         }
     }
 
     /// A store over a pool of your own (TLS connector, custom configuration), on
-    /// `table` (validated).
+    /// `table` (validated). Its connections keep their own settings (set
+    /// `statement_timeout` in them yourself); the client-side bound of a call is 5.5 s
+    /// ([`with_call_timeout`](Self::with_call_timeout)).
     pub fn from_pool(pool: Pool, table: &str) -> Result<Self, PostgresStoreError> {
         Ok(Self::from_pool_and_table(pool, TableName::parse(table)?))
     }
@@ -334,7 +447,23 @@ impl PostgresStore {
             sql: std::sync::Arc::new(Statements::new(&table)),
             table,
             ttl: None,
+            call_timeout: DEFAULT_STATEMENT_TIMEOUT + CLIENT_MARGIN,
         }
+    }
+
+    /// The same store with another client-side bound on each call (pool wait + statement
+    /// round trip); past it the call fails with a timeout
+    /// ([`PostgresStoreError::is_timeout`]). The builder sets it to the statement timeout
+    /// plus 500 ms.
+    #[must_use]
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The client-side bound on each call.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
     }
 
     /// The same store with a default TTL for remembered ids (`None`: forever).
@@ -365,18 +494,28 @@ impl PostgresStore {
     /// advisory lock, and skips the DDL, with its table lock, when everything exists).
     /// A table created by another SDK only gains the two nullable lease columns.
     pub async fn migrate(&self) -> Result<(), PostgresStoreError> {
-        let mut client = self.pool.get().await?;
+        let mut client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| pool_error("migrate", e))?;
         if self.is_migrated(&client).await? {
             return Ok(());
         }
-        let tx = client.transaction().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| db_error("migrate", e))?;
         tx.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
             &[&format!("babelqueue:migrate:{}", self.table)],
         )
-        .await?;
-        tx.batch_execute(&self.table.ddl()).await?;
-        tx.commit().await?;
+        .await
+        .map_err(|e| db_error("migrate", e))?;
+        tx.batch_execute(&self.table.ddl())
+            .await
+            .map_err(|e| db_error("migrate", e))?;
+        tx.commit().await.map_err(|e| db_error("migrate", e))?;
         tracing::debug!(table = %self.table, "babelqueue idempotency table migrated");
         Ok(())
     }
@@ -388,10 +527,15 @@ impl PostgresStore {
         let row = client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                 AND to_regclass($3) IS NOT NULL \
                  AND (SELECT count(*) FROM pg_attribute \
                       WHERE attrelid = to_regclass($1) AND NOT attisdropped \
                       AND attname IN ('lease_token', 'lease_expires_at')) = 2",
-                &[&self.table.sql(), &self.table.qualified_index_sql()],
+                &[
+                    &self.table.sql(),
+                    &self.table.qualified_index_sql(),
+                    &self.table.fence_sequence_sql(),
+                ],
             )
             .await?;
         Ok(row.try_get(0)?)
@@ -410,39 +554,85 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self, id: &str, ttl: Option<Duration>) -> Result<bool, PostgresStoreError> {
+        id_is_storable(id)?;
         let ttl_ms = ttl.or(self.ttl).map(millis);
-        let rows = self.query(&self.sql.remember, &[&id, &ttl_ms]).await?;
+        let rows = self
+            .query("remember", &self.sql.remember, &[&id, &ttl_ms])
+            .await?;
         Ok(!rows.is_empty())
     }
 
     /// Deletes every expired row (remembered ids past their TTL, abandoned leases) and
     /// returns how many. Expired rows are already ignored; this only reclaims space.
     pub async fn purge_expired(&self) -> Result<u64, PostgresStoreError> {
-        self.execute(&self.sql.purge, &[]).await
+        self.execute("purge", &self.sql.purge, &[]).await
+    }
+
+    /// Runs one call under the client-side bound.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, PostgresStoreError>>,
+    ) -> Result<T, PostgresStoreError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(r) => r,
+            Err(_) => {
+                Err(StoreUnavailable::new("postgres", operation, UnavailableKind::Timeout).into())
+            }
+        }
     }
 
     async fn query(
         &self,
+        operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, PostgresStoreError> {
-        let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query(&stmt, params).await?)
+        self.bounded(operation, async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_error(operation, e))?;
+            let stmt = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| db_error(operation, e))?;
+            client
+                .query(&stmt, params)
+                .await
+                .map_err(|e| db_error(operation, e))
+        })
+        .await
     }
 
     async fn execute(
         &self,
+        operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, PostgresStoreError> {
-        let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.execute(&stmt, params).await?)
+        self.bounded(operation, async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_error(operation, e))?;
+            let stmt = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| db_error(operation, e))?;
+            client
+                .execute(&stmt, params)
+                .await
+                .map_err(|e| db_error(operation, e))
+        })
+        .await
     }
 
     async fn is_seen(&self, id: &str) -> Result<bool, PostgresStoreError> {
-        let rows = self.query(&self.sql.seen, &[&id]).await?;
+        id_is_storable(id)?;
+        let rows = self.query("seen", &self.sql.seen, &[&id]).await?;
         match rows.first() {
             Some(row) => Ok(row.try_get(0)?),
             None => Ok(false),
@@ -450,19 +640,24 @@ impl PostgresStore {
     }
 
     async fn lease_claim(&self, id: &str, lease: Duration) -> Result<Claim, PostgresStoreError> {
+        id_is_storable(id)?;
         let token = LeaseToken::new();
         let rows = self
             .query(
+                "claim",
                 &self.sql.claim,
                 &[&id, &Some(millis(lease)), &token.as_str()],
             )
             .await?;
-        let state: String = match rows.first() {
-            Some(row) => row.try_get(0)?,
+        let (state, fence): (String, Option<i64>) = match rows.first() {
+            Some(row) => (row.try_get(0)?, row.try_get(1)?),
             None => return Err(PostgresStoreError::UnexpectedClaimState(String::new())),
         };
         match state.as_str() {
-            "acquired" => Ok(Claim::Acquired(token)),
+            "acquired" => Ok(Claim::Acquired(match fence {
+                Some(f) => token.with_fence(f.unsigned_abs()),
+                None => token,
+            })),
             "completed" => Ok(Claim::Completed),
             "in_flight" => Ok(Claim::InFlight),
             _ => Err(PostgresStoreError::UnexpectedClaimState(state)),
@@ -475,9 +670,14 @@ impl PostgresStore {
         token: &LeaseToken,
         ttl: Option<Duration>,
     ) -> Result<bool, PostgresStoreError> {
+        id_is_storable(id)?;
         let ttl_ms = ttl.or(self.ttl).map(millis);
         let n = self
-            .execute(&self.sql.complete, &[&id, &ttl_ms, &token.as_str()])
+            .execute(
+                "complete",
+                &self.sql.complete,
+                &[&id, &ttl_ms, &token.as_str()],
+            )
             .await?;
         Ok(n == 1)
     }
@@ -487,8 +687,28 @@ impl PostgresStore {
         id: &str,
         token: &LeaseToken,
     ) -> Result<bool, PostgresStoreError> {
+        id_is_storable(id)?;
         let n = self
-            .execute(&self.sql.release, &[&id, &token.as_str()])
+            .execute("release", &self.sql.release, &[&id, &token.as_str()])
+            .await?;
+        Ok(n == 1)
+    }
+}
+
+impl PostgresStore {
+    async fn lease_renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<bool, PostgresStoreError> {
+        id_is_storable(id)?;
+        let n = self
+            .execute(
+                "renew",
+                &self.sql.renew,
+                &[&id, &Some(millis(lease)), &token.as_str()],
+            )
             .await?;
         Ok(n == 1)
     }
@@ -514,7 +734,10 @@ impl AsyncStore for PostgresStore {
     }
 
     async fn forget(&self, id: &str) -> Result<(), PostgresStoreError> {
-        self.execute(&self.sql.forget, &[&id]).await.map(|_| ())
+        id_is_storable(id)?;
+        self.execute("forget", &self.sql.forget, &[&id])
+            .await
+            .map(|_| ())
     }
 }
 
@@ -542,6 +765,15 @@ impl AsyncLeaseStore for PostgresStore {
         token: &LeaseToken,
     ) -> impl Future<Output = Result<bool, PostgresStoreError>> + Send {
         self.lease_release(id, token)
+    }
+
+    fn renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, PostgresStoreError>> + Send {
+        self.lease_renew(id, token, lease)
     }
 }
 
@@ -573,6 +805,7 @@ mod tests {
             &s.claim,
             &s.complete,
             &s.release,
+            &s.renew,
         ] {
             assert!(
                 sql.contains("message_id = $1") || sql.contains("VALUES ($1"),

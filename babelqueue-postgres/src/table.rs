@@ -116,6 +116,17 @@ impl TableName {
         format!("\"{index}\"")
     }
 
+    /// The fencing-token sequence of lease mode, `<table>_fence_seq` (truncated to 63
+    /// bytes like the index), qualified like the table and quoted.
+    pub fn fence_sequence_sql(&self) -> String {
+        let mut seq = format!("{}_fence_seq", self.table);
+        seq.truncate(MAX_IDENT);
+        match &self.schema {
+            Some(s) => format!("\"{s}\".\"{seq}\""),
+            None => format!("\"{seq}\""),
+        }
+    }
+
     /// The expiry index, qualified like the table (for `to_regclass`).
     pub(crate) fn qualified_index_sql(&self) -> String {
         match &self.schema {
@@ -125,16 +136,20 @@ impl TableName {
     }
 
     /// The shipped DDL ([`DDL`]) for this table: the identifier tokens
-    /// `babelqueue_idempotency` and `babelqueue_idempotency_expires_at_idx` are replaced
-    /// by this (validated, quoted) table and index name; nothing else changes.
+    /// `babelqueue_idempotency`, `babelqueue_idempotency_expires_at_idx` and
+    /// `babelqueue_idempotency_fence_seq` are replaced by this (validated, quoted) table,
+    /// index and sequence name; nothing else changes.
     pub fn ddl(&self) -> String {
-        let (table, index) = (self.sql(), self.index_sql());
+        let (table, index, seq) = (self.sql(), self.index_sql(), self.fence_sequence_sql());
         let default_index = format!("{DEFAULT_TABLE}_expires_at_idx");
+        let default_seq = format!("{DEFAULT_TABLE}_fence_seq");
         babelqueue_core::sql::rename_identifiers(DDL, |word| {
             if word == DEFAULT_TABLE {
                 Some(table.clone())
             } else if word == default_index {
                 Some(index.clone())
+            } else if word == default_seq {
+                Some(seq.clone())
             } else {
                 None
             }

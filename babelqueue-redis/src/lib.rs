@@ -36,7 +36,8 @@ pub use keys::{
     processing_list, recoveries_hash,
 };
 pub use store::{
-    DEFAULT_PREFIX, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder, RedisStoreError,
+    DEFAULT_PREFIX, FENCE_RETENTION, LEASE_VALUE_PREFIX, RedisStore, RedisStoreBuilder,
+    RedisStoreError, fence_key,
 };
 pub use transport::RedisTransport;
 

@@ -6,15 +6,21 @@
 //! | --- | --- | --- | --- |
 //! | completed (remembered) | `<prefix><meta.id>` (default prefix `bq:idemp:`) | `1` | none, or `PX <ttl>` |
 //! | in flight (lease mode, Rust only) | the same key | `lease:<token>` | `PX <lease>` |
+//! | fencing counter (lease mode, Rust only) | [`fence_key`]: `{<key>}\0fence` | an integer, `INCR`ed by each claim | `PX` [`FENCE_RETENTION`] (7 days) after the last claim or renewal |
 //!
 //! * seen-set mode: `seen` = `EXISTS key`, `remember` = `SET key 1 NX [PX ttl]`,
 //!   `forget` = `DEL key`. A completed id is byte for byte what the Go SDK writes, and a key
 //!   the Go SDK wrote is seen here.
-//! * lease mode: `claim`, `complete` and `release` are Lua scripts ([`redis::Script`], so
+//! * lease mode: `claim`, `complete`, `release` and `renew` are Lua scripts ([`redis::Script`], so
 //!   `EVALSHA`), each one round trip and atomic on the server; `complete` and `release`
 //!   only act when the key still holds `lease:<token>` (compare-and-set /
 //!   compare-and-delete). Any value other than `lease:…` counts as completed, so an id
 //!   remembered by another SDK is never claimed again.
+//!
+//! `claim` also increments the id's fencing counter (the claim's fencing token,
+//! [`LeaseToken::fence`]); `renew` extends the lease (and the counter's expiry) only while
+//! the key still holds `lease:<token>`. Every call is bounded by the response timeout; a
+//! timeout or a lost connection is [`RedisStoreError::Unavailable`].
 //!
 //! **What another SDK sees while a Rust lease holder processes an id**: the key exists,
 //! so its `seen` (`EXISTS`) is true and it skips (and acks) its copy of the message, for
@@ -32,6 +38,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use babelqueue_core::key::{UnstorableId, id_is_storable};
+use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
@@ -49,18 +57,37 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default connection retries of [`RedisStore::connect`].
 const DEFAULT_RETRIES: usize = 2;
 
-/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = lease in ms.
-/// Returns 1 = acquired, 2 = in flight, 0 = completed.
+/// How long a fencing counter outlives the last claim or renewal of its id: fencing
+/// tokens of one id keep increasing as long as its claims are less than this apart.
+pub const FENCE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// `KEYS[1]` = key, `KEYS[2]` = its fencing counter, `ARGV[1]` = token, `ARGV[2]` = lease
+/// in ms, `ARGV[3]` = how long the counter is kept (ms).
+/// Returns {1, fence} = acquired, {2} = in flight, {0} = completed.
 const CLAIM_LUA: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   redis.call('SET', KEYS[1], 'lease:' .. ARGV[1], 'PX', ARGV[2])
-  return 1
+  return {1, fence}
 end
 if string.sub(v, 1, 6) == 'lease:' then
-  return 2
+  return {2}
 end
-return 0
+return {0}
+";
+
+/// `KEYS[1]` = key, `KEYS[2]` = its fencing counter, `ARGV[1]` = token, `ARGV[2]` = lease
+/// in ms, `ARGV[3]` = how long the counter is kept (ms). Extends the lease only if the
+/// token holds the key (its lease has not ended). Returns 1 if it did, else 0.
+const RENEW_LUA: &str = r"
+if redis.call('GET', KEYS[1]) ~= 'lease:' .. ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
 ";
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = TTL in ms (0 = no expiry).
@@ -102,6 +129,58 @@ pub enum RedisStoreError {
         /// The reply received.
         reply: i64,
     },
+    /// Redis could not answer, or not within the response timeout (connection refused
+    /// or dropped, timeout, loading, failover): not the message's fault. Also found by
+    /// [`babelqueue_core::store_error::find_unavailable`].
+    #[error("redis store unavailable")]
+    Unavailable(#[from] StoreUnavailable),
+    /// The id breaks the rule every store applies ([`id_is_storable`]): refused before
+    /// any I/O.
+    #[error("redis store: unusable id")]
+    UnstorableId(#[from] UnstorableId),
+}
+
+impl RedisStoreError {
+    /// Whether the store was unavailable (down, unreachable, or too slow).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, RedisStoreError::Unavailable(_))
+    }
+
+    /// Whether a call timed out (the response timeout, or a connection attempt's).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RedisStoreError::Unavailable(u) if u.is_timeout())
+    }
+}
+
+/// Classifies a client error: a timeout, a refused or broken connection, or a server that
+/// cannot serve right now (loading, failover, cluster down) is [`StoreUnavailable`];
+/// anything else (a wrong password, an untrusted certificate, a script error) stays
+/// [`RedisStoreError::Redis`].
+pub(crate) fn redis_error(operation: &'static str, e: redis::RedisError) -> RedisStoreError {
+    use redis::{ErrorKind, ServerErrorKind};
+    let kind = if e.is_timeout() {
+        Some(UnavailableKind::Timeout)
+    } else if e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+    {
+        Some(UnavailableKind::Connection)
+    } else {
+        None
+    };
+    match kind {
+        Some(kind) => StoreUnavailable::with_source("redis", operation, kind, e).into(),
+        None => RedisStoreError::Redis(e),
+    }
 }
 
 babelqueue_core::handler_error_from!(RedisStoreError);
@@ -209,7 +288,9 @@ impl RedisStoreBuilder {
     pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
         let client = Client::open(self.url.as_str())?;
         let config = manager_config(self.connection_timeout, self.response_timeout, self.retries);
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| redis_error("connect", e))?;
         let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
         store.ttl = self.ttl;
         Ok(store)
@@ -268,7 +349,9 @@ impl RedisStore {
     pub async fn from_client(client: Client) -> Result<Self, RedisStoreError> {
         let config = manager_config(DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, DEFAULT_RETRIES);
         Ok(Self::from_manager(
-            ConnectionManager::new_with_config(client, config).await?,
+            ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(|e| redis_error("connect", e))?,
         ))
     }
 
@@ -337,48 +420,86 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self, id: &str, ttl: Option<Duration>) -> Result<bool, RedisStoreError> {
+        id_is_storable(id)?;
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.key(id)).arg("1").arg("NX");
         if let Some(ttl) = ttl.or(self.ttl) {
             cmd.arg("PX").arg(millis(ttl));
         }
-        let reply: Option<String> = cmd.query_async(&mut self.conn.clone()).await?;
+        let reply: Option<String> = cmd
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| redis_error("remember", e))?;
         Ok(reply.is_some())
     }
 
     async fn exists(&self, id: &str) -> Result<bool, RedisStoreError> {
+        id_is_storable(id)?;
         let n: i64 = redis::cmd("EXISTS")
             .arg(self.key(id))
             .query_async(&mut self.conn.clone())
-            .await?;
+            .await
+            .map_err(|e| redis_error("seen", e))?;
         Ok(n > 0)
     }
 
     async fn del(&self, id: &str) -> Result<(), RedisStoreError> {
+        id_is_storable(id)?;
         let _: i64 = redis::cmd("DEL")
             .arg(self.key(id))
             .query_async(&mut self.conn.clone())
-            .await?;
+            .await
+            .map_err(|e| redis_error("forget", e))?;
         Ok(())
     }
 
+    /// The key of `id`'s fencing counter (see [`fence_key`]).
+    pub fn fence_key(&self, id: &str) -> String {
+        fence_key(&self.key(id))
+    }
+
     async fn lease_claim(&self, id: &str, lease: Duration) -> Result<Claim, RedisStoreError> {
+        id_is_storable(id)?;
         let token = LeaseToken::new();
-        let reply: i64 = script(&CLAIM)
-            .key(self.key(id))
+        let key = self.key(id);
+        let reply: Vec<i64> = script(&CLAIM)
+            .key(&key)
+            .key(fence_key(&key))
             .arg(token.as_str())
             .arg(millis(lease))
+            .arg(fence_keep(lease))
             .invoke_async(&mut self.conn.clone())
-            .await?;
-        match reply {
-            1 => Ok(Claim::Acquired(token)),
-            2 => Ok(Claim::InFlight),
-            0 => Ok(Claim::Completed),
-            reply => Err(RedisStoreError::UnexpectedReply {
+            .await
+            .map_err(|e| redis_error("claim", e))?;
+        match reply[..] {
+            [1, fence] => Ok(Claim::Acquired(token.with_fence(fence.unsigned_abs()))),
+            [2] => Ok(Claim::InFlight),
+            [0] => Ok(Claim::Completed),
+            _ => Err(RedisStoreError::UnexpectedReply {
                 script: "claim",
-                reply,
+                reply: reply.first().copied().unwrap_or(-1),
             }),
         }
+    }
+
+    async fn lease_renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<bool, RedisStoreError> {
+        id_is_storable(id)?;
+        let key = self.key(id);
+        let reply: i64 = script(&RENEW)
+            .key(&key)
+            .key(fence_key(&key))
+            .arg(token.as_str())
+            .arg(millis(lease))
+            .arg(fence_keep(lease))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| redis_error("renew", e))?;
+        flag(reply, "renew")
     }
 
     async fn lease_complete(
@@ -387,22 +508,26 @@ impl RedisStore {
         token: &LeaseToken,
         ttl: Option<Duration>,
     ) -> Result<bool, RedisStoreError> {
+        id_is_storable(id)?;
         let ttl_ms = ttl.or(self.ttl).map_or(0, millis);
         let reply: i64 = script(&COMPLETE)
             .key(self.key(id))
             .arg(token.as_str())
             .arg(ttl_ms)
             .invoke_async(&mut self.conn.clone())
-            .await?;
+            .await
+            .map_err(|e| redis_error("complete", e))?;
         flag(reply, "complete")
     }
 
     async fn lease_release(&self, id: &str, token: &LeaseToken) -> Result<bool, RedisStoreError> {
+        id_is_storable(id)?;
         let reply: i64 = script(&RELEASE)
             .key(self.key(id))
             .arg(token.as_str())
             .invoke_async(&mut self.conn.clone())
-            .await?;
+            .await
+            .map_err(|e| redis_error("release", e))?;
         flag(reply, "release")
     }
 }
@@ -419,6 +544,42 @@ static CLAIM: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::
 static COMPLETE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(COMPLETE_LUA));
 static RELEASE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(RELEASE_LUA));
+static RENEW: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(RENEW_LUA));
+
+/// How long the fencing counter is kept after a claim or renewal (ms).
+fn fence_keep(lease: Duration) -> u64 {
+    millis(FENCE_RETENTION.max(lease.saturating_mul(2)))
+}
+
+/// The key of the fencing counter of the dedupe key `key`: `key` + `"\0fence"`, with
+/// `key` wrapped in `{…}` when it has no Redis Cluster hash tag of its own, so the counter
+/// lives in the same cluster slot as the key (the claim script touches both).
+///
+/// It can never be another id's key: ids cannot contain NUL
+/// ([`id_is_storable`](babelqueue_core::key::id_is_storable)). (A key containing `}` but
+/// no valid hash tag cannot be co-located; on a Redis Cluster its claim fails with
+/// `CROSSSLOT`, on a single server it works.)
+///
+/// ```
+/// use babelqueue_redis::fence_key;
+/// assert_eq!(fence_key("bq:idemp:pay_7f3a"), "{bq:idemp:pay_7f3a}\0fence");
+/// assert_eq!(fence_key("{payments}:idemp:pay_7f3a"), "{payments}:idemp:pay_7f3a\0fence");
+/// ```
+pub fn fence_key(key: &str) -> String {
+    if has_hash_tag(key) || key.contains('}') {
+        format!("{key}\0fence")
+    } else {
+        format!("{{{key}}}\0fence")
+    }
+}
+
+/// Whether Redis Cluster hashes `key` by a `{…}` tag (a `{` followed later by a `}` with
+/// at least one byte between the first such pair).
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
+}
 
 fn script(s: &'static Script) -> redis::ScriptInvocation<'static> {
     s.prepare_invoke()
@@ -469,6 +630,15 @@ impl AsyncLeaseStore for RedisStore {
     ) -> impl Future<Output = Result<bool, RedisStoreError>> + Send {
         self.lease_release(id, token)
     }
+
+    fn renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, RedisStoreError>> + Send {
+        self.lease_renew(id, token, lease)
+    }
 }
 
 #[cfg(test)]
@@ -484,10 +654,22 @@ mod tests {
 
     #[test]
     fn lease_prefix_matches_the_scripts() {
-        for lua in [CLAIM_LUA, COMPLETE_LUA, RELEASE_LUA] {
+        for lua in [CLAIM_LUA, COMPLETE_LUA, RELEASE_LUA, RENEW_LUA] {
             assert!(lua.contains(&format!("'{LEASE_VALUE_PREFIX}'")));
         }
         assert!(CLAIM_LUA.contains(&format!("1, {})", LEASE_VALUE_PREFIX.len())));
+    }
+
+    #[test]
+    fn fence_keys_share_the_slot_and_never_collide() {
+        assert!(has_hash_tag("{a}b") && has_hash_tag("x{a}") && !has_hash_tag("{}a"));
+        assert!(!has_hash_tag("a{b") && !has_hash_tag("plain"));
+        assert_eq!(fence_key("a{b"), "{a{b}\0fence");
+        assert_eq!(fence_key("{}a"), "{}a\0fence");
+        assert_eq!(fence_key("x{a}y"), "x{a}y\0fence");
+        for id in ["pay_1", "a{b", "{t}x"] {
+            assert!(fence_key(id).contains('\0'));
+        }
     }
 
     #[test]

@@ -20,3 +20,11 @@ CREATE TABLE IF NOT EXISTS babelqueue_idempotency (
 
 CREATE INDEX IF NOT EXISTS babelqueue_idempotency_expires_at_idx
     ON babelqueue_idempotency (expires_at);
+
+-- Lease mode fencing tokens: one counter row, incremented by every claim (inside the
+-- claim's IMMEDIATE transaction), so a later claim of an id always carries a larger token
+-- than any earlier one, whatever happened to the id's row in between.
+CREATE TABLE IF NOT EXISTS babelqueue_idempotency_fence (
+    id     INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+    value  INTEGER NOT NULL
+);

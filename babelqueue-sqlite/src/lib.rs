@@ -41,6 +41,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use babelqueue_core::key::{UnstorableId, id_is_storable};
+use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseStore, LeaseToken, Store};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
@@ -84,6 +86,37 @@ pub enum SqliteStoreError {
     /// The blocking task running the call panicked or was cancelled.
     #[error("sqlite store: blocking task failed: {0}")]
     Task(String),
+    /// The file stayed locked by another connection or process past the busy timeout
+    /// (`SQLITE_BUSY` / `SQLITE_LOCKED`): not the message's fault. Also found by
+    /// [`babelqueue_core::store_error::find_unavailable`].
+    #[error("sqlite store unavailable")]
+    Unavailable(#[from] StoreUnavailable),
+    /// The id breaks the rule every store applies ([`id_is_storable`]): refused before
+    /// any I/O.
+    #[error("sqlite store: unusable id")]
+    UnstorableId(#[from] UnstorableId),
+}
+
+impl SqliteStoreError {
+    /// Whether the store was unavailable (locked past the busy timeout).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, SqliteStoreError::Unavailable(_))
+    }
+
+    /// Whether a call timed out waiting for a lock (the busy timeout).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, SqliteStoreError::Unavailable(u) if u.is_timeout())
+    }
+}
+
+/// `SQLITE_BUSY` / `SQLITE_LOCKED` after the busy timeout is [`StoreUnavailable`];
+/// anything else stays [`SqliteStoreError::Sqlite`].
+fn sqlite_error(operation: &'static str, e: rusqlite::Error) -> SqliteStoreError {
+    if is_busy(&e) {
+        StoreUnavailable::with_source("sqlite", operation, UnavailableKind::Timeout, e).into()
+    } else {
+        SqliteStoreError::Sqlite(e)
+    }
 }
 
 babelqueue_core::handler_error_from!(SqliteStoreError);
@@ -119,11 +152,14 @@ fn validate_table(name: &str) -> Result<String, SqliteStoreError> {
 /// The shipped DDL with the table and index identifiers replaced (whole tokens only).
 fn render_ddl(table: &str) -> String {
     let index = format!("{DEFAULT_TABLE}_expires_at_idx");
+    let fence = format!("{DEFAULT_TABLE}_fence");
     babelqueue_core::sql::rename_identifiers(DDL, |word| {
         if word == DEFAULT_TABLE {
             Some(format!("\"{table}\""))
         } else if word == index {
             Some(format!("\"{table}_expires_at_idx\""))
+        } else if word == fence {
+            Some(format!("\"{table}_fence\""))
         } else {
             None
         }
@@ -139,6 +175,8 @@ struct Statements {
     take: String,
     complete: String,
     release: String,
+    renew: String,
+    next_fence: String,
     purge: String,
 }
 
@@ -177,6 +215,15 @@ impl Statements {
             ),
             release: format!(
                 "DELETE FROM {t} WHERE message_id = ?1 AND lease_token = ?2 AND expires_at > ?3"
+            ),
+            // ?2 = token, ?3 = now, ?4 = the new lease deadline.
+            renew: format!(
+                "UPDATE {t} SET expires_at = ?4, lease_expires_at = ?4 \
+                 WHERE message_id = ?1 AND lease_token = ?2 AND expires_at > ?3"
+            ),
+            next_fence: format!(
+                "INSERT INTO \"{table}_fence\" (id, value) VALUES (1, 1) \
+                 ON CONFLICT (id) DO UPDATE SET value = value + 1 RETURNING value"
             ),
             purge: format!("DELETE FROM {t} WHERE expires_at IS NOT NULL AND expires_at <= ?1"),
         }
@@ -385,25 +432,32 @@ fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 }
 
 impl Inner {
+    /// Runs `f` on a free pooled connection, after checking `id` against the id rule.
     fn with_conn<T>(
         &self,
+        operation: &'static str,
+        id: &str,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T, SqliteStoreError> {
+        id_is_storable(id)?;
         let n = self.conns.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        for i in 0..n {
-            match self.conns[(start + i) % n].try_lock() {
-                Ok(mut c) => return Ok(f(&mut c)?),
-                Err(TryLockError::Poisoned(p)) => return Ok(f(&mut p.into_inner())?),
-                Err(TryLockError::WouldBlock) => {}
+        let result = 'found: {
+            for i in 0..n {
+                match self.conns[(start + i) % n].try_lock() {
+                    Ok(mut c) => break 'found f(&mut c),
+                    Err(TryLockError::Poisoned(p)) => break 'found f(&mut p.into_inner()),
+                    Err(TryLockError::WouldBlock) => {}
+                }
             }
-        }
-        Ok(f(&mut lock(&self.conns[start]))?)
+            f(&mut lock(&self.conns[start]))
+        };
+        result.map_err(|e| sqlite_error(operation, e))
     }
 
     fn seen(&self, id: &str) -> Result<bool, SqliteStoreError> {
         let now = now_ms();
-        self.with_conn(|c| {
+        self.with_conn("seen", id, |c| {
             c.prepare_cached(&self.sql.seen)?
                 .query_row(params![id, now], |r| r.get(0))
         })
@@ -412,7 +466,7 @@ impl Inner {
     fn claim_once(&self, id: &str, ttl: Option<Duration>) -> Result<bool, SqliteStoreError> {
         let now = now_ms();
         let expires = ttl.or(self.ttl).map(|t| deadline(now, t));
-        self.with_conn(|c| {
+        self.with_conn("remember", id, |c| {
             Ok(c.prepare_cached(&self.sql.remember)?
                 .execute(params![id, now, expires])?
                 == 1)
@@ -420,19 +474,23 @@ impl Inner {
     }
 
     fn forget(&self, id: &str) -> Result<(), SqliteStoreError> {
-        self.with_conn(|c| c.prepare_cached(&self.sql.forget)?.execute(params![id]))
-            .map(|_| ())
+        self.with_conn("forget", id, |c| {
+            c.prepare_cached(&self.sql.forget)?.execute(params![id])
+        })
+        .map(|_| ())
     }
 
     fn purge_expired(&self) -> Result<usize, SqliteStoreError> {
         let now = now_ms();
-        self.with_conn(|c| c.prepare_cached(&self.sql.purge)?.execute(params![now]))
+        self.with_conn("purge", "", |c| {
+            c.prepare_cached(&self.sql.purge)?.execute(params![now])
+        })
     }
 
     fn lease_claim(&self, id: &str, lease: Duration) -> Result<Claim, SqliteStoreError> {
         let now = now_ms();
         let until = deadline(now, lease);
-        self.with_conn(|c| {
+        self.with_conn("claim", id, |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let state: Option<(Option<i64>, Option<String>)> = tx
                 .prepare_cached(&self.sql.select_state)?
@@ -448,7 +506,10 @@ impl Inner {
                     Claim::Completed
                 });
             }
-            let token = LeaseToken::new();
+            let fence: i64 = tx
+                .prepare_cached(&self.sql.next_fence)?
+                .query_row([], |r| r.get(0))?;
+            let token = LeaseToken::new().with_fence(fence.unsigned_abs());
             tx.prepare_cached(&self.sql.take)?
                 .execute(params![id, now, until, token.as_str()])?;
             tx.commit()?;
@@ -464,7 +525,7 @@ impl Inner {
     ) -> Result<bool, SqliteStoreError> {
         let now = now_ms();
         let expires = ttl.or(self.ttl).map(|t| deadline(now, t));
-        self.with_conn(|c| {
+        self.with_conn("complete", id, |c| {
             Ok(c.prepare_cached(&self.sql.complete)?.execute(params![
                 id,
                 token.as_str(),
@@ -474,9 +535,27 @@ impl Inner {
         })
     }
 
+    fn lease_renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<bool, SqliteStoreError> {
+        let now = now_ms();
+        let until = deadline(now, lease);
+        self.with_conn("renew", id, |c| {
+            Ok(c.prepare_cached(&self.sql.renew)?.execute(params![
+                id,
+                token.as_str(),
+                now,
+                until
+            ])? == 1)
+        })
+    }
+
     fn lease_release(&self, id: &str, token: &LeaseToken) -> Result<bool, SqliteStoreError> {
         let now = now_ms();
-        self.with_conn(|c| {
+        self.with_conn("release", id, |c| {
             Ok(c.prepare_cached(&self.sql.release)?
                 .execute(params![id, token.as_str(), now])?
                 == 1)
@@ -624,6 +703,15 @@ impl LeaseStore for SqliteStore {
     fn release(&self, id: &str, token: &LeaseToken) -> Result<bool, SqliteStoreError> {
         self.inner.lease_release(id, token)
     }
+
+    fn renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> Result<bool, SqliteStoreError> {
+        self.inner.lease_renew(id, token, lease)
+    }
 }
 
 impl AsyncLeaseStore for SqliteStore {
@@ -653,6 +741,16 @@ impl AsyncLeaseStore for SqliteStore {
     ) -> impl Future<Output = Result<bool, SqliteStoreError>> + Send {
         let (id, token) = (id.to_owned(), token.clone());
         self.blocking(move |s| s.lease_release(&id, &token))
+    }
+
+    fn renew(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, SqliteStoreError>> + Send {
+        let (id, token) = (id.to_owned(), token.clone());
+        self.blocking(move |s| s.lease_renew(&id, &token, lease))
     }
 }
 

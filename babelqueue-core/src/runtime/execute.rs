@@ -349,9 +349,16 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
         },
         Called::Output(Err(e)) => {
             let inner = e.error();
-            let happened = if probe.in_flight() || in_chain::<InFlight>(inner) {
+            let happened = if crate::store_error::find_unstorable_id(inner).is_some() {
+                // A dedupe key no store can hold (a custom `key =` over the length limit
+                // or with a NUL): the message is bad, not the store.
+                Happened::Poison
+            } else if probe.in_flight() || in_chain::<InFlight>(inner) {
                 Happened::InFlightElsewhere
-            } else if probe.store_failed() || in_chain::<StoreUnavailable>(inner) {
+            } else if probe.store_failed()
+                || in_chain::<StoreUnavailable>(inner)
+                || crate::store_error::is_unavailable(inner)
+            {
                 Happened::StoreUnavailable
             } else {
                 // A payload that does not deserialize into the handler's `Json<T>` fails
@@ -683,6 +690,8 @@ mod tests {
         Declined(#[source] Permanent),
         #[error("boom")]
         Boom,
+        #[error("store")]
+        Wrapped2(#[source] crate::store_error::StoreUnavailable),
     }
 
     fn verdict(e: HandlerError) -> Happened {
@@ -716,6 +725,19 @@ mod tests {
             verdict(HandlerError::new(MyError::Boom)),
             Happened::Failed { permanent: false }
         );
+        // A store's own typed unavailability is found too, and an id no store can hold
+        // is the message's fault.
+        let down = crate::store_error::StoreUnavailable::new(
+            "redis",
+            "seen",
+            crate::store_error::UnavailableKind::Timeout,
+        );
+        assert_eq!(
+            verdict(HandlerError::new(MyError::Wrapped2(down))),
+            Happened::StoreUnavailable
+        );
+        let unstorable = crate::key::id_is_storable("a\0b").expect_err("NUL is refused");
+        assert_eq!(verdict(HandlerError::new(unstorable)), Happened::Poison);
         // A payload that does not deserialize is permanent.
         use crate::extract::{FromEnvelope, Json, StateMap};
         let env = crate::Envelope::new("urn:x", serde_json::json!({"amount": "not a number"}))
