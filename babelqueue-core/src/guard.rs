@@ -268,7 +268,7 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let _turn = inflight::turn_async(&key).await;
+    let _turn = inflight::consumer_turn(&key).await;
     if inflight::store_before(&key, store.seen(&key))
         .await
         .map_err(IntoHandlerError::into_handler_error)?
@@ -446,7 +446,7 @@ where
         handler.await.into_result()?;
         return Ok(unclaimed(done(Outcome::RanWithoutKey)));
     };
-    let _turn = inflight::turn_async(&key).await;
+    let _turn = inflight::consumer_turn(&key).await;
     let token = match inflight::store_before(&key, store.claim(&key, lease))
         .await
         .map_err(IntoHandlerError::into_handler_error)?

@@ -2,8 +2,8 @@
 //! and the in-process per-key turn that keeps two tasks of one process from handling the
 //! same key at once.
 //!
-//! - **Per-key turn.** Every guard call with a key first takes that key's turn in this
-//!   process ([`KeyTurn`]): a delivery whose key is being handled by another task waits
+//! - **Per-key turn.** Every guard call the consume runtime makes with a key first takes
+//!   that key's turn in this process ([`KeyTurn`]): a delivery whose key is being handled by another task waits
 //!   until that one has finished (remembered or failed), then takes the normal path (a
 //!   remembered key is skipped). Without it, two copies of one message reserved by two
 //!   workers of one consumer could both pass `seen` before either `remember`s, and the
@@ -118,6 +118,17 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
             }
         }
     }
+}
+
+/// The turn on `key` for a guard call made by the consume runtime (a delivery of this
+/// consumer: the runtime's probe is set); `None`, without waiting, for a guard called
+/// directly (a test, a handler called by hand), which keeps its plain store semantics
+/// (e.g. lease mode answering `InFlight` to a concurrent call).
+pub(crate) async fn consumer_turn(key: &str) -> Option<KeyTurn> {
+    if current().is_none() {
+        return None;
+    }
+    Some(turn_async(key).await)
 }
 
 /// Waits (blocking the thread) for the turn on `key`, when the sync guard runs inside a
