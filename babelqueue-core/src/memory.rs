@@ -657,26 +657,27 @@ mod tests {
         assert!(s.is_seen("a") && s.is_seen("c"));
     }
 
-    #[test]
-    fn ttl_expires_and_frees_memory() {
+    #[tokio::test(start_paused = true)]
+    async fn ttl_expires_and_frees_memory() {
+        // The store reads tokio's clock: paused time makes the expiry exact.
         let s = InMemoryStore::with_ttl(Duration::from_millis(500));
         for i in 0..100 {
             s.insert(&format!("id-{i}"), None);
         }
         assert!(s.is_seen("id-0"));
-        std::thread::sleep(Duration::from_millis(600));
+        tokio::time::advance(Duration::from_millis(600)).await;
         assert!(!s.is_seen("id-0"));
         s.insert("fresh", None);
         let ring: usize = s.shards.iter().map(|sh| lock(sh).ring.len()).sum();
         assert!(ring < 100, "expired entries were not swept: {ring}");
     }
 
-    #[test]
-    fn per_call_ttl_overrides_default() {
+    #[tokio::test(start_paused = true)]
+    async fn per_call_ttl_overrides_default() {
         let s = InMemoryStore::new();
         s.insert("short", Some(Duration::from_millis(10)));
         s.insert("long", None);
-        std::thread::sleep(Duration::from_millis(25));
+        tokio::time::advance(Duration::from_millis(25)).await;
         assert!(!s.is_seen("short"));
         assert!(s.is_seen("long"));
     }
