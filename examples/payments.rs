@@ -1,14 +1,18 @@
-//! The payments story (SPEC section 6): the same payment delivered twice is charged once.
+//! The payments story (SPEC section 6): the same payment delivered twice is charged once,
+//! and on a bad day (a slow or failing gateway, a store outage, consumers killed) every
+//! payment is still charged exactly once.
 //!
 //! ```text
 //! cargo run --example payments                      # embedded: in-memory queue and store
-//! cargo run --example payments -- produce           # the same payment, twice, to Redis
-//! cargo run --example payments -- consume [--store redis|postgres|embedded|memory]
+//! cargo run --example payments -- produce [--count N]   # payments (each twice) to Redis
+//! cargo run --example payments -- consume [options] # drain (or --follow) the queue
+//! cargo run --example payments -- --help
 //! ```
 //!
-//! Environment: `BROKER_URL` (default `redis://localhost:6379/0`), `QUEUE` (default
-//! `payments`), `POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`, for
-//! `--store postgres`; the table is created on first use), `STORE_PATH` (default
+//! Environment: `BROKER_URL` (default `redis://localhost:6379/0`), `STORE_URL` (the dedupe
+//! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis,
+//! `POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test` for postgres; the table is
+//! created on first use), `QUEUE` (default `payments`), `STORE_PATH` (default
 //! `babelqueue-payments.sqlite3`, for `--store embedded`). `RUST_LOG` sets the log level
 //! (default `warn`).
 //!
@@ -17,14 +21,17 @@
 
 use std::collections::HashSet;
 use std::process::ExitCode;
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::time::Duration;
 
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    DynStore, DynStoreError, Envelope, EnvelopeError, InMemoryStore, handler, idempotent,
+    AsyncLeaseStore, BoxError, DynStore, DynStoreError, Envelope, EnvelopeError, InMemoryStore,
+    IntoHandlerError, guard_lease_async, handler, idempotent,
 };
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +50,51 @@ enum ChargeError {
     Store(#[from] DynStoreError),
     #[error("not a payment: {0}")]
     Payload(#[from] EnvelopeError),
+    #[error("payment gateway hiccup (transient)")]
+    Gateway,
 }
+
+/// The simulated payment gateway (`--gateway-delay-ms`, `--gateway-fail-every`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Gateway {
+    delay: Duration,
+    fail_every: u64,
+}
+
+static GATEWAY: OnceLock<Gateway> = OnceLock::new();
+static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+/// One charge attempt at the gateway: takes `delay`, and every `fail_every`-th attempt
+/// fails with a transient error (retried by the runtime with backoff).
+async fn gateway_charge() -> Result<(), ChargeError> {
+    let g = GATEWAY.get().copied().unwrap_or_default();
+    if !g.delay.is_zero() {
+        tokio::time::sleep(g.delay).await;
+    }
+    let n = ATTEMPTS.fetch_add(1, Ordering::SeqCst) + 1;
+    if g.fail_every > 0 && n.is_multiple_of(g.fail_every) {
+        return Err(ChargeError::Gateway);
+    }
+    Ok(())
+}
+
+fn record_charge(env: &Envelope) -> Result<(), ChargeError> {
+    let p: Payment = env.data_as()?;
+    CHARGED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(env.meta.id.clone());
+    if !QUIET.get().copied().unwrap_or(false) {
+        println!(
+            "[rust] charged  payment_id={} amount={} {}  meta.id={}  (charged once)",
+            p.payment_id, p.amount, p.currency, env.meta.id
+        );
+    }
+    Ok(())
+}
+
+/// Many payments: one line per charge would drown the output.
+static QUIET: OnceLock<bool> = OnceLock::new();
 
 /// The store picked on the command line (`--store`), set once at start-up.
 static CHOSEN: OnceLock<DynStore> = OnceLock::new();
@@ -65,16 +116,47 @@ static CHARGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 #[handler("urn:babel:payments:charge")]
 #[idempotent(store = STORE)]
 async fn charge(env: Envelope) -> Result<(), ChargeError> {
-    let p: Payment = env.data_as()?;
-    CHARGED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(env.meta.id.clone());
-    println!(
-        "[rust] charged  payment_id={} amount={} {}  meta.id={}  (charged once)",
-        p.payment_id, p.amount, p.currency, env.meta.id
-    );
-    Ok(())
+    let _: Payment = env.data_as()?;
+    gateway_charge().await?;
+    record_charge(&env)
+}
+
+/// Lease mode (`--mode lease`): the same charge guarded by an atomic claim held for
+/// `lease` (renewed while it runs where the store supports it), so two consumers never
+/// charge one payment at the same moment.
+async fn charge_leased<S>(store: &S, env: Envelope, lease: Duration) -> Result<(), BoxError>
+where
+    S: AsyncLeaseStore,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    guard_lease_async(store, &env, lease, None, async {
+        let _: Payment = env.data_as()?;
+        gateway_charge().await?;
+        record_charge(&env)?;
+        Ok::<(), BoxError>(())
+    })
+    .await
+    .map(drop)
+}
+
+/// A concrete store, for lease mode (the type-erased [`DynStore`] is seen-set only).
+#[derive(Clone)]
+enum LeaseBackend {
+    Redis(RedisStore),
+    Postgres(PostgresStore),
+    Sqlite(Arc<SqliteStore>),
+    Memory(Arc<InMemoryStore>),
+}
+
+impl LeaseBackend {
+    async fn charge(&self, env: Envelope, lease: Duration) -> Result<(), BoxError> {
+        match self {
+            LeaseBackend::Redis(s) => charge_leased(s, env, lease).await,
+            LeaseBackend::Postgres(s) => charge_leased(s, env, lease).await,
+            LeaseBackend::Sqlite(s) => charge_leased(&**s, env, lease).await,
+            LeaseBackend::Memory(s) => charge_leased(&**s, env, lease).await,
+        }
+    }
 }
 
 /// One line per delivery the handler did not print itself.
@@ -87,9 +169,12 @@ fn report(r: &Report) {
     let id = env.map_or("?", |e| e.meta.id.as_str());
     match &r.disposition {
         Disposition::Succeeded => {}
+        Disposition::Skipped if QUIET.get().copied().unwrap_or(false) => {}
         Disposition::Skipped => println!(
             "[rust] skipped  payment_id={payment_id}  meta.id={id}  (duplicate, not charged again)"
         ),
+        Disposition::Retried { .. } | Disposition::Requeued | Disposition::Deferred
+            if QUIET.get().copied().unwrap_or(false) => {}
         other => println!(
             "[rust] {other:?}  payment_id={payment_id}  meta.id={id}  error={}",
             r.error.as_deref().unwrap_or("-")
@@ -103,8 +188,12 @@ fn env_or(name: &str, default: &str) -> String {
 
 /// The payment envelope, published twice with identical bytes (a redelivery on the wire).
 fn payment(queue: &str) -> Result<Vec<u8>, EnvelopeError> {
+    payment_with_id(queue, "pay_7f3a")
+}
+
+fn payment_with_id(queue: &str, payment_id: &str) -> Result<Vec<u8>, EnvelopeError> {
     let p = Payment {
-        payment_id: "pay_7f3a".into(),
+        payment_id: payment_id.into(),
         amount: 4200,
         currency: "EUR".into(),
     };
@@ -118,6 +207,19 @@ fn app(transport: impl Transport, queue: &str) -> App {
         .queue(queue)
         .register(charge)
         .on_delivery(report)
+}
+
+/// The last line: what the consumer did.
+fn stats_line(s: &Stats) {
+    println!(
+        "[rust] stats: processed={} succeeded={} skipped={} retried={} dead_lettered={} deferred={}",
+        s.processed,
+        s.succeeded,
+        s.skipped,
+        s.retried,
+        s.dead_lettered,
+        s.deferred + s.requeued
+    );
 }
 
 /// The summary line; `true` when no payment was charged twice.
@@ -155,35 +257,57 @@ async fn embedded() -> Result<bool, Box<dyn std::error::Error>> {
     Ok(ok && stats.succeeded == 1 && stats.skipped == 1 && transport.is_empty(&queue))
 }
 
-async fn produce() -> Result<bool, Box<dyn std::error::Error>> {
+async fn produce(count: usize) -> Result<bool, Box<dyn std::error::Error>> {
     let url = env_or("BROKER_URL", "redis://localhost:6379/0");
     let queue = env_or("QUEUE", "payments");
     let transport = RedisTransport::connect(&url).await?;
-    let bytes = payment(&queue)?;
-    let id = Envelope::decode(&bytes)?.meta.id;
     let app = App::new(transport).queue(&queue);
-    app.publish_raw(bytes.clone()).await?;
-    app.publish_raw(bytes).await?;
-    println!(
-        "[rust] produced payment_id=pay_7f3a  meta.id={id}  twice (identical bytes) to {queue}"
-    );
+    if count <= 1 {
+        let bytes = payment(&queue)?;
+        let id = Envelope::decode(&bytes)?.meta.id;
+        app.publish_raw(bytes.clone()).await?;
+        app.publish_raw(bytes).await?;
+        println!(
+            "[rust] produced payment_id=pay_7f3a  meta.id={id}  twice (identical bytes) to {queue}"
+        );
+        return Ok(true);
+    }
+    for i in 0..count {
+        let bytes = payment_with_id(&queue, &format!("pay_{i:08}"))?;
+        app.publish_raw(bytes.clone()).await?;
+        app.publish_raw(bytes).await?;
+    }
+    println!("[rust] produced {count} payments, each twice (identical bytes), to {queue}");
     Ok(true)
 }
 
-async fn open_store(kind: &str, broker_url: &str) -> Result<DynStore, Box<dyn std::error::Error>> {
+async fn open_store(
+    kind: &str,
+    broker_url: &str,
+) -> Result<(DynStore, LeaseBackend), Box<dyn std::error::Error>> {
+    let store_url = std::env::var("STORE_URL").ok();
     Ok(match kind {
-        "redis" => DynStore::new(RedisStore::connect(broker_url).await?),
+        "redis" => {
+            let s = RedisStore::connect(store_url.as_deref().unwrap_or(broker_url)).await?;
+            (DynStore::new(s.clone()), LeaseBackend::Redis(s))
+        }
         "postgres" => {
-            let url = env_or("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test");
+            let url = store_url.unwrap_or_else(|| {
+                env_or("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+            });
             let store = PostgresStore::connect(&url).await?;
             store.migrate().await?;
-            DynStore::new(store)
+            (DynStore::new(store.clone()), LeaseBackend::Postgres(store))
         }
         "embedded" => {
             let path = env_or("STORE_PATH", "babelqueue-payments.sqlite3");
-            DynStore::new(SqliteStore::open(path)?)
+            let s = Arc::new(SqliteStore::open(path)?);
+            (DynStore::new(s.clone()), LeaseBackend::Sqlite(s))
         }
-        "memory" => DynStore::new(InMemoryStore::new()),
+        "memory" => {
+            let s = Arc::new(InMemoryStore::new());
+            (DynStore::new(s.clone()), LeaseBackend::Memory(s))
+        }
         other => {
             return Err(format!(
                 "unknown store `{other}` (expected redis, postgres, embedded or memory)"
@@ -193,36 +317,163 @@ async fn open_store(kind: &str, broker_url: &str) -> Result<DynStore, Box<dyn st
     })
 }
 
-async fn consume(store_kind: &str) -> Result<bool, Box<dyn std::error::Error>> {
+/// `consume` options.
+#[derive(Debug)]
+struct ConsumeOpts {
+    store: String,
+    follow: bool,
+    concurrency: usize,
+    gateway: Gateway,
+    lease: Option<Duration>,
+    heartbeat: Option<Duration>,
+    quiet: bool,
+}
+
+async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
     let url = env_or("BROKER_URL", "redis://localhost:6379/0");
     let queue = env_or("QUEUE", "payments");
-    let chosen = open_store(store_kind, &url).await?;
+    let (chosen, backend) = open_store(&o.store, &url).await?;
     if CHOSEN.set(chosen).is_err() {
         return Err("the store was already chosen".into());
     }
+    let _ = GATEWAY.set(o.gateway);
+    let _ = QUIET.set(o.quiet);
     let transport = RedisTransport::connect(&url).await?;
-    let stats = app(transport.clone(), &queue).drain().await?;
+    let mut app = App::new(transport.clone())
+        .queue(&queue)
+        .concurrency(o.concurrency)
+        .on_delivery(report);
+    app = match o.lease {
+        None => app.register(charge),
+        Some(lease) => app.route_async(CHARGE, move |env: Envelope| {
+            let backend = backend.clone();
+            async move { backend.charge(env, lease).await }
+        }),
+    };
+    if let Some(hb) = o.heartbeat {
+        app = app.heartbeat(hb, hb * 5);
+    }
+    let stats = if o.follow {
+        app.run().await
+    } else {
+        app.drain().await?
+    };
     let ok = summary(&stats);
     let left = transport.len(&queue).await?;
     if left > 0 {
         println!("[rust] {left} message(s) left in {queue}");
     }
-    Ok(ok && left == 0)
+    stats_line(&stats);
+    Ok(ok && (o.follow || left == 0))
 }
 
-fn parse_store(args: &[String]) -> Result<String, String> {
-    let mut store = "redis".to_owned();
+const USAGE: &str = "usage: payments [COMMAND] [OPTIONS]
+
+Commands:
+  (none)                  embedded demo: the same payment delivered twice, charged once
+  produce [--count N]     publish N payments (default 1), each twice, to Redis
+  consume [OPTIONS]       consume the queue from Redis and charge each payment once
+
+consume options:
+  --store KIND            dedupe store: redis (default), postgres, embedded, memory
+  --follow                run until SIGTERM / Ctrl-C instead of draining the queue
+  --concurrency N         messages handled at once (default 1)
+  --mode seen|lease       seen-set guard (default) or in-flight lease guard
+  --lease DURATION        lease length in lease mode (default 30s; e.g. 300ms, 5s, 1m)
+  --heartbeat DURATION    consumer heartbeat interval (TTL: 5x; default 2s)
+  --gateway-delay-ms N    each charge takes N ms at the simulated gateway
+  --gateway-fail-every N  every Nth charge attempt fails with a transient error
+  --quiet                 no line per charge (for runs with many payments)
+  -h, --help              this help
+
+Environment:
+  BROKER_URL   Redis broker (default redis://localhost:6379/0)
+  STORE_URL    the dedupe store's own URL (default BROKER_URL; POSTGRES_URL for postgres)
+  QUEUE        queue name (default payments)
+  STORE_PATH   SQLite file for --store embedded (default babelqueue-payments.sqlite3)
+  RUST_LOG     log level (default warn)
+
+The last line of consume is:
+  [rust] stats: processed=.. succeeded=.. skipped=.. retried=.. dead_lettered=.. deferred=..
+(deferred: put back without counting an attempt: in flight elsewhere, or the store was down)";
+
+/// `300ms`, `2s`, `1.5s`, `1m`, or a bare number of seconds.
+fn parse_duration(v: &str) -> Result<Duration, String> {
+    let bad = || format!("bad duration `{v}` (e.g. 300ms, 2s, 1m)");
+    let (num, unit) = match v.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| bad())
+}
+
+fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
+    let mut o = ConsumeOpts {
+        store: "redis".to_owned(),
+        follow: false,
+        concurrency: 1,
+        gateway: Gateway::default(),
+        lease: None,
+        heartbeat: None,
+        quiet: false,
+    };
+    let mut mode = "seen".to_owned();
+    let mut lease = Duration::from_secs(30);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        if let Some(v) = arg.strip_prefix("--store=") {
-            store = v.to_owned();
-        } else if arg == "--store" {
-            store = it.next().ok_or("--store needs a value")?.clone();
-        } else {
-            return Err(format!("unexpected argument `{arg}`"));
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or(format!("{name} needs a value")),
+            }
+        };
+        let number = |v: String| -> Result<u64, String> {
+            v.parse()
+                .map_err(|_| format!("{name} needs a number, got `{v}`"))
+        };
+        match name {
+            "--store" => o.store = value()?,
+            "--follow" => o.follow = true,
+            "--quiet" => o.quiet = true,
+            "--concurrency" => o.concurrency = number(value()?)?.max(1) as usize,
+            "--mode" => mode = value()?,
+            "--lease" => lease = parse_duration(&value()?)?,
+            "--heartbeat" => o.heartbeat = Some(parse_duration(&value()?)?),
+            "--gateway-delay-ms" => o.gateway.delay = Duration::from_millis(number(value()?)?),
+            "--gateway-fail-every" => o.gateway.fail_every = number(value()?)?,
+            _ => return Err(format!("unexpected argument `{arg}`\n\n{USAGE}")),
         }
     }
-    Ok(store)
+    o.lease = match mode.as_str() {
+        "seen" => None,
+        "lease" => Some(lease),
+        other => return Err(format!("--mode must be seen or lease, got `{other}`")),
+    };
+    Ok(o)
+}
+
+fn parse_produce(args: &[String]) -> Result<usize, String> {
+    match args {
+        [] => Ok(1),
+        [flag, n] if flag == "--count" => n
+            .parse()
+            .map_err(|_| format!("--count needs a number, got `{n}`")),
+        [flag] if flag.starts_with("--count=") => flag["--count=".len()..]
+            .parse()
+            .map_err(|_| format!("bad {flag}")),
+        _ => Err(format!("unexpected arguments {args:?}\n\n{USAGE}")),
+    }
 }
 
 #[tokio::main]
@@ -235,17 +486,21 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
         None => embedded().await,
-        Some("produce") if args.len() == 1 => produce().await,
-        Some("consume") => match parse_store(&args[1..]) {
-            Ok(store) => consume(&store).await,
+        Some("produce") => match parse_produce(&args[1..]) {
+            Ok(n) => produce(n).await,
             Err(e) => Err(e.into()),
         },
-        Some(other) => Err(format!(
-            "unknown command `{other}`; usage: payments [produce | consume [--store redis|postgres|embedded|memory]]"
-        )
-        .into()),
+        Some("consume") => match parse_consume(&args[1..]) {
+            Ok(o) => consume(o).await,
+            Err(e) => Err(e.into()),
+        },
+        Some(other) => Err(format!("unknown command `{other}`\n\n{USAGE}").into()),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

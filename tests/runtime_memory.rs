@@ -32,7 +32,7 @@ fn json_of(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn produce_then_consume_delivers_the_payload_and_acks() {
     let t = InMemoryTransport::new();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -58,7 +58,7 @@ async fn produce_then_consume_delivers_the_payload_and_acks() {
     assert_eq!((t.len("orders"), t.processing_len("orders")), (0, 0));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_duplicate_is_skipped_and_acked() {
     let t = InMemoryTransport::new();
     let store = Arc::new(InMemoryStore::new());
@@ -90,7 +90,7 @@ async fn a_duplicate_is_skipped_and_acked() {
     assert_eq!((t.len("payments"), t.processing_len("payments")), (0, 0));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failing_handler_is_retried_then_dead_lettered_with_the_block() {
     let t = InMemoryTransport::new();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -157,7 +157,7 @@ async fn a_failing_handler_is_retried_then_dead_lettered_with_the_block() {
     assert_eq!(env.dead_letter.unwrap().reason, DeadLetterReason::Failed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_handler_failing_once_succeeds_on_the_retry() {
     let t = InMemoryTransport::new();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -183,7 +183,7 @@ async fn a_handler_failing_once_succeeds_on_the_retry() {
     assert!(t.messages("q.dlq").is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn without_dead_lettering_the_last_failure_is_dropped() {
     let t = InMemoryTransport::new();
     let app = App::new(t.clone())
@@ -205,7 +205,7 @@ async fn without_dead_lettering_the_last_failure_is_dropped() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn poison_bodies_are_dead_lettered_with_their_bytes_and_the_loop_goes_on() {
     let t = InMemoryTransport::new();
     let handled = Arc::new(AtomicUsize::new(0));
@@ -271,7 +271,7 @@ async fn poison_bodies_are_dead_lettered_with_their_bytes_and_the_loop_goes_on()
     assert_eq!(json_of(garbage_dead)["data"]["encoding"], "base64");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unknown_urn_strategies() {
     let make = |strategy| {
         let t = InMemoryTransport::new();
@@ -299,17 +299,34 @@ async fn unknown_urn_strategies() {
         (0, 0, 0)
     );
 
-    // release: put back unchanged for another consumer; the drain ends anyway.
+    // release: put back unchanged (body byte for byte, its release count in the frame)
+    // after the release delay, for a consumer that knows the URN; after `max_releases`
+    // releases nobody took it: dead-lettered as unknown_urn. Never a hot loop.
     let (t, app) = make(UnknownUrnStrategy::Release);
+    let app = app.release_delay(Duration::from_secs(2)).max_releases(3);
     let bytes = unknown();
     app.publish_raw(bytes.clone()).await.unwrap();
-    let s = tokio::time::timeout(Duration::from_secs(5), app.drain())
-        .await
-        .expect("a drain over only released messages terminates")
-        .unwrap();
-    assert!(s.released >= 1);
-    assert_eq!(t.messages("q"), vec![bytes]);
-    assert_eq!(t.processing_len("q"), 0);
+    let started = tokio::time::Instant::now();
+    let s = app.drain().await.unwrap();
+    assert_eq!((s.released, s.dead_lettered, s.unknown_urn), (3, 1, 4));
+    assert!(
+        started.elapsed() >= Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (t.len("q"), t.processing_len("q"), t.delayed_len("q")),
+        (0, 0, 0)
+    );
+    let dlq = t.messages("q.dlq");
+    let frame =
+        babelqueue::runtime::unframe(&dlq[0]).expect("the release count travels in a frame");
+    assert_eq!(frame.0[babelqueue::runtime::RELEASES_HEADER], 3);
+    let dead = json_of(&frame.1);
+    assert_eq!(dead["dead_letter"]["reason"], "unknown_urn");
+    let mut original = json_of(&bytes);
+    original["dead_letter"] = dead["dead_letter"].clone();
+    assert_eq!(dead, original, "every field of the original survives");
 
     // dead_letter: at once, attempts untouched.
     let (t, app) = make(UnknownUrnStrategy::DeadLetter);
@@ -322,7 +339,7 @@ async fn unknown_urn_strategies() {
     assert_eq!(dead["dead_letter"]["attempts"], 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_panicking_handler_is_a_failure_not_the_end_of_the_loop() {
     let t = InMemoryTransport::new();
     let ok = Arc::new(AtomicUsize::new(0));
@@ -356,7 +373,7 @@ async fn a_panicking_handler_is_a_failure_not_the_end_of_the_loop() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn concurrency_bounds_the_messages_in_flight() {
     for n in [1usize, 4] {
         let t = InMemoryTransport::new();
@@ -457,7 +474,7 @@ enum LeasedError {
     Busy(#[from] InFlight),
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
     let t = InMemoryTransport::new();
     let store = Arc::new(InMemoryStore::new());
@@ -488,29 +505,36 @@ async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
         panic!("fresh id must be claimable")
     };
     app.publish_raw(bytes.clone()).await.unwrap();
+    // The drain defers it (delayed, not a hot loop) until the other worker completes;
+    // it ends only once nothing is left delayed.
+    let completer = {
+        let (store, id) = (store.clone(), env.meta.id.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                AsyncLeaseStore::complete(&*store, &id, &token, None)
+                    .await
+                    .unwrap()
+            );
+        })
+    };
     let s = app.drain().await.unwrap();
-    assert!(s.deferred >= 1);
+    completer.await.unwrap();
+    assert!(
+        (5..=12).contains(&s.deferred),
+        "one deferral per in_flight_delay (5 ms) for 50 ms: {}",
+        s.deferred
+    );
     assert_eq!((s.failed, s.retried, s.dead_lettered), (0, 0, 0));
+    assert_eq!((s.skipped, s.acked), (1, s.deferred + 1));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert_eq!(
-        t.messages("q"),
-        vec![bytes],
-        "put back unchanged (attempts not counted)"
+        (t.len("q"), t.processing_len("q"), t.delayed_len("q")),
+        (0, 0, 0)
     );
-
-    // The other worker completes: the next delivery is a skip.
-    assert!(
-        AsyncLeaseStore::complete(&*store, &env.meta.id, &token, None)
-            .await
-            .unwrap()
-    );
-    let s = app.drain().await.unwrap();
-    assert_eq!((s.skipped, s.acked), (1, 1));
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!((t.len("q"), t.processing_len("q")), (0, 0));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn header_frames_are_read_and_kept_on_retry_and_dead_letter() {
     let t = InMemoryTransport::new();
     let got = Arc::new(Mutex::new(Vec::new()));
@@ -551,7 +575,7 @@ async fn header_frames_are_read_and_kept_on_retry_and_dead_letter() {
     assert_eq!(body["meta"]["id"], env.meta.id.as_str());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stranded_messages_are_requeued_and_handled() {
     let t = InMemoryTransport::new();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -571,7 +595,7 @@ async fn stranded_messages_are_requeued_and_handled() {
     assert_eq!((t.len("q"), t.processing_len("q")), (0, 0));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_observer_sees_every_delivery() {
     let t = InMemoryTransport::new();
     let reports = Arc::new(Mutex::new(Vec::<Report>::new()));
@@ -664,7 +688,7 @@ impl std::io::Write for Captured {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_message_has_a_span_and_events_for_ack_skip_retry_and_dead_letter() {
     let out = Captured::default();
     let writer = out.clone();

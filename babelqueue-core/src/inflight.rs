@@ -437,9 +437,10 @@ mod tests {
         .await;
         assert!(waiter.is_err());
         drop(held);
-        let again = tokio::time::timeout(Duration::from_secs(5), turn_async("inflight-test-cancel"))
-            .await
-            .expect("free again");
+        let again =
+            tokio::time::timeout(Duration::from_secs(5), turn_async("inflight-test-cancel"))
+                .await
+                .expect("free again");
         drop(again);
         assert!(!lock_map(shard("inflight-test-cancel")).contains_key("inflight-test-cancel"));
     }

@@ -195,7 +195,10 @@ pub(crate) fn poison_oversized(body: &[u8], error: &str, consumed_queue: &str) -
     let Ok(mark) = serde_json::to_vec(MARK) else {
         return Vec::new();
     };
-    let Some(at) = skeleton.windows(mark.len()).position(|w| w == mark.as_slice()) else {
+    let Some(at) = skeleton
+        .windows(mark.len())
+        .position(|w| w == mark.as_slice())
+    else {
         return Vec::new();
     };
     let encoded_len = if utf8 {
@@ -315,7 +318,11 @@ mod tests {
             "caf\u{e9} \u{2615} \u{7f}".as_bytes(),
         ] {
             let out = poison_oversized(body, "too big", "orders");
-            assert_eq!(out.len(), out.capacity(), "exactly one allocation of the final size");
+            assert_eq!(
+                out.len(),
+                out.capacity(),
+                "exactly one allocation of the final size"
+            );
             let env = Envelope::decode(&out).unwrap();
             assert_eq!(env.job, POISON_URN);
             assert_eq!(env.meta.queue, "orders");

@@ -43,7 +43,10 @@ pub(crate) struct StoreHealth {
 impl StoreHealth {
     /// Records a failure; returns the pause (also the put-back delay).
     fn failed(&self, min: Duration, max: Duration) -> Duration {
-        let n = self.failures.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::SeqCst)
+            .saturating_add(1);
         let pause = min
             .checked_mul(1u32 << (n - 1).min(20))
             .unwrap_or(max)
@@ -88,7 +91,7 @@ pub(crate) struct Ctx {
     pub observer: Option<Observer>,
     pub policy: Policy,
     pub store: StoreHealth,
-    /// The earliest due time (ms since `epoch`) of a message this consumer delayed, or
+    /// The earliest due time (µs since `epoch`) of a delayed message, or
     /// `u64::MAX`: the maintenance task promotes when it passes.
     pub earliest_due: AtomicU64,
     pub epoch: Instant,
@@ -148,20 +151,42 @@ impl Ctx {
         }
     }
 
-    fn note_due(&self, delay: Duration) {
-        let at = (Instant::now() + delay)
-            .saturating_duration_since(self.epoch)
-            .as_millis() as u64;
-        if self.earliest_due.fetch_min(at, Ordering::SeqCst) > at {
+    /// `at` as a due mark: microseconds since `epoch`, rounded up (a mark is never
+    /// before the time it stands for) and at least 1 ms from now (no busy loop on a due
+    /// time that a transport rounds differently).
+    pub(crate) fn due_mark(&self, at: Instant) -> u64 {
+        let at = at.max(Instant::now() + Duration::from_millis(1));
+        let nanos = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(nanos.div_ceil(1000)).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The instant a due mark stands for (`None` for "nothing due").
+    pub(crate) fn due_instant(&self, mark: u64) -> Option<Instant> {
+        (mark != u64::MAX).then(|| self.epoch + Duration::from_micros(mark))
+    }
+
+    /// Remembers that a message becomes due at `at` (wakes the maintenance task when
+    /// that is earlier than what it waits for).
+    pub(crate) fn note_due_at(&self, at: Instant) {
+        let mark = self.due_mark(at);
+        if self.earliest_due.fetch_min(mark, Ordering::SeqCst) > mark {
             self.maint.notify_one();
         }
+    }
+
+    fn note_due(&self, delay: Duration) {
+        self.note_due_at(Instant::now() + delay);
     }
 
     /// Runs a transport operation until it succeeds: a broker outage is not the message's
     /// fault and settling must not be given up. Only the end of the shutdown grace period
     /// (the message then stays in flight, for recovery) or an error no retry can fix
     /// stops it.
-    async fn until_done<T, F, Fut>(&self, what: &'static str, mut op: F) -> Result<T, TransportError>
+    async fn until_done<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut op: F,
+    ) -> Result<T, TransportError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, TransportError>>,
@@ -241,7 +266,12 @@ enum Called {
 
 /// Calls the handler with a probe the guard reports to, cutting store calls at the store
 /// timeout and the handler at the handler timeout.
-async fn run_handler(ctx: &Ctx, handler: &dyn Handler, env: Envelope, probe: &Arc<StoreProbe>) -> Called {
+async fn run_handler(
+    ctx: &Ctx,
+    handler: &dyn Handler,
+    env: Envelope,
+    probe: &Arc<StoreProbe>,
+) -> Called {
     let started = Instant::now();
     let store_timeout = ctx.config.store_timeout;
     let handler_timeout = ctx.config.handler_timeout;
@@ -360,15 +390,15 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
             ctx.config.max_body_size
         );
         tracing::warn!(bytes = size, "poison message: body over the size limit");
-        let body = dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
-        return settle_poison(ctx, &delivery, None, body, error).await;
+        let body = || dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
+        return settle_poison(ctx, &delivery, None, &body, error.clone()).await;
     }
     let envelope = match Envelope::decode(delivery.body()) {
         Ok(env) => env,
         Err(error) => {
             tracing::warn!(%error, bytes = size, "poison message");
-            let body = dead_letter::poison_body(delivery.body(), &error, delivery.queue());
-            return settle_poison(ctx, &delivery, None, body, error.to_string()).await;
+            let body = || dead_letter::poison_body(delivery.body(), &error, delivery.queue());
+            return settle_poison(ctx, &delivery, None, &body, error.to_string()).await;
         }
     };
     observe::record_envelope(&envelope);
@@ -376,16 +406,19 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
     if let Err(e) = crate::key::id_is_storable(&envelope.meta.id) {
         let error = e.to_string();
         tracing::warn!(%error, "poison message: unusable meta.id");
-        let block = Block {
-            reason: DeadLetterReason::Poison.as_str(),
-            error: Some(error.clone()),
-            exception: Some(std::any::type_name::<crate::key::UnstorableId>()),
-            attempts: u64::from(envelope.attempts),
+        let attempts = u64::from(envelope.attempts);
+        let body = || {
+            let block = Block {
+                reason: DeadLetterReason::Poison.as_str(),
+                error: Some(error.clone()),
+                exception: Some(std::any::type_name::<crate::key::UnstorableId>()),
+                attempts,
+            };
+            dead_letter::dead_lettered(delivery.body(), delivery.queue(), false, &block)
+                .unwrap_or_default()
         };
-        let body = dead_letter::dead_lettered(delivery.body(), delivery.queue(), false, &block)
-            .unwrap_or_default();
         let env = ctx.observer.is_some().then_some(envelope);
-        return settle_poison(ctx, &delivery, env, body, error).await;
+        return settle_poison(ctx, &delivery, env, &body, error.clone()).await;
     }
 
     let attempts = envelope.attempts;
@@ -435,8 +468,8 @@ pub(crate) async fn settle_exhausted(ctx: &Ctx, delivery: Delivery, max_recoveri
             settle(ctx, &delivery, env, attempts, verdict, None).await
         }
         Err(e) => {
-            let body = dead_letter::poison_body(delivery.body(), &e, delivery.queue());
-            settle_poison(ctx, &delivery, None, body, e.to_string()).await
+            let body = || dead_letter::poison_body(delivery.body(), &e, delivery.queue());
+            settle_poison(ctx, &delivery, None, &body, e.to_string()).await
         }
     }
 }
@@ -445,7 +478,7 @@ async fn settle_poison(
     ctx: &Ctx,
     delivery: &Delivery,
     env: Option<Envelope>,
-    body: Vec<u8>,
+    body: &(dyn Fn() -> Vec<u8> + Send + Sync),
     error: String,
 ) -> Report {
     let verdict = Verdict {
@@ -456,7 +489,7 @@ async fn settle_poison(
     settle(ctx, delivery, env, 0, verdict, Some(body)).await
 }
 
-/// The executor: decides, then carries the action out. `poison` is the ready dead-letter
+/// The executor: decides, then carries the action out. `poison` builds the dead-letter
 /// body of a poison message.
 async fn settle(
     ctx: &Ctx,
@@ -464,7 +497,7 @@ async fn settle(
     envelope: Option<Envelope>,
     attempts: u32,
     v: Verdict,
-    poison: Option<Vec<u8>>,
+    poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
 ) -> Report {
     let pause = match v.happened {
         Happened::StoreUnavailable => ctx
@@ -484,7 +517,8 @@ async fn settle(
     };
     let action = decide(v.happened, attempts, releases, pause, sample, &ctx.policy);
     let failed = matches!(v.happened, Happened::Failed { .. })
-        || (v.happened == Happened::UnknownUrn && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
+        || (v.happened == Happened::UnknownUrn
+            && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
     let result: Result<Disposition, TransportError> = match action {
         Action::Ack => ctx
             .until_done("ack", || ctx.transport.ack(d))
@@ -530,7 +564,10 @@ async fn settle(
             let element = match why {
                 PutBack::Release => {
                     let mut h = d.headers().cloned().unwrap_or_else(Headers::new);
-                    h.insert(RELEASES_HEADER.to_owned(), Value::from(releases.saturating_add(1)));
+                    h.insert(
+                        RELEASES_HEADER.to_owned(),
+                        Value::from(releases.saturating_add(1)),
+                    );
                     encode_element(d.body(), Some(&h))
                 }
                 PutBack::InFlight | PutBack::StoreDown => Ok(d.element().to_vec()),
@@ -538,9 +575,15 @@ async fn settle(
             match element {
                 Ok(element) => {
                     match why {
-                        PutBack::InFlight => tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred"),
-                        PutBack::StoreDown => tracing::warn!(error = ?v.error, delay_ms = delay.as_millis() as u64, "the dedupe store is unavailable; put back without counting an attempt"),
-                        PutBack::Release => tracing::info!(releases = releases + 1, "unknown URN released"),
+                        PutBack::InFlight => {
+                            tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred")
+                        }
+                        PutBack::StoreDown => {
+                            tracing::warn!(error = ?v.error, delay_ms = delay.as_millis() as u64, "the dedupe store is unavailable; put back without counting an attempt")
+                        }
+                        PutBack::Release => {
+                            tracing::info!(releases = releases + 1, "unknown URN released")
+                        }
                     }
                     let r = ctx
                         .until_done("requeue", || {
@@ -564,27 +607,38 @@ async fn settle(
             attempts,
             set_attempts,
         } => {
-            let body = match poison {
-                Some(body) => Some(body),
-                None => {
-                    let block = Block {
-                        reason: reason.as_str(),
-                        error: v.error.clone(),
-                        exception: v.exception.as_deref(),
-                        attempts: u64::from(attempts),
-                    };
-                    dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
+            // Built per attempt and moved into the publish: a large body is never held
+            // twice (a broker outage rebuilds it for the next try).
+            let build = || -> Result<Vec<u8>, TransportError> {
+                let body = match poison {
+                    Some(f) => Some(f()),
+                    None => {
+                        let block = Block {
+                            reason: reason.as_str(),
+                            error: v.error.clone(),
+                            exception: v.exception.as_deref(),
+                            attempts: u64::from(attempts),
+                        };
+                        dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
+                    }
+                };
+                let body = body
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| TransportError::backend("the body is not a JSON object"))?;
+                match d.headers() {
+                    Some(h) if !h.is_empty() => encode_element(&body, Some(h)),
+                    _ => Ok(body),
                 }
             };
-            match body {
-                Some(body) => {
-                    let headers = d.headers();
+            match build() {
+                Ok(first) => {
+                    let mut first = Some(first);
                     let published = ctx
                         .until_done("dead-letter", || {
-                            ctx.transport.publish_with_headers(&ctx.dlq, &body, headers)
+                            let element = first.take().map_or_else(build, Ok);
+                            async move { ctx.transport.publish_raw(&ctx.dlq, element?).await }
                         })
                         .await;
-                    drop(body);
                     match published {
                         Ok(()) => {
                             tracing::error!(dead_letter_queue = %ctx.dlq, reason = reason.as_str(), error = ?v.error, "dead-lettered");
@@ -595,7 +649,7 @@ async fn settle(
                         Err(e) => Err(e),
                     }
                 }
-                None => Err(TransportError::backend("the body is not a JSON object")),
+                Err(e) => Err(e),
             }
         }
     };
@@ -641,7 +695,10 @@ mod tests {
     #[test]
     fn error_kinds_are_found_by_type_in_the_source_chain() {
         let busy = || InFlight { id: "x".into() };
-        assert_eq!(verdict(HandlerError::new(busy())), Happened::InFlightElsewhere);
+        assert_eq!(
+            verdict(HandlerError::new(busy())),
+            Happened::InFlightElsewhere
+        );
         assert_eq!(
             verdict(HandlerError::new(MyError::Wrapped(busy()))),
             Happened::InFlightElsewhere

@@ -184,7 +184,8 @@ impl InMemoryTransport {
         q.promote(Instant::now(), usize::MAX);
         let element = q.ready.pop_front()?;
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed) + 1;
-        q.processing.insert(tag, (self.consumer, Arc::clone(&element)));
+        q.processing
+            .insert(tag, (self.consumer, Arc::clone(&element)));
         Some(Delivery::from_shared(queue, element, tag))
     }
 
@@ -334,7 +335,8 @@ impl Transport for InMemoryTransport {
                 let count = q.recoveries.entry(Arc::clone(&element)).or_insert(0);
                 if *count >= max_recoveries {
                     q.processing.insert(tag, (me, Arc::clone(&element)));
-                    out.exhausted.push(Delivery::from_shared(queue, element, tag));
+                    out.exhausted
+                        .push(Delivery::from_shared(queue, element, tag));
                 } else {
                     *count += 1;
                     q.ready.push_back(element);

@@ -2,9 +2,6 @@
 
 use crate::envelope::{DeadLetterReason, Envelope};
 
-#[allow(unused_imports)]
-use super::app::UnknownUrnStrategy;
-
 /// What the runtime did with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -25,9 +22,9 @@ pub enum Disposition {
         reason: DeadLetterReason,
     },
     /// The message was dropped: failed at the limit with dead-lettering off, or an unknown
-    /// URN under [`UnknownUrnStrategy::Delete`].
+    /// URN under [`UnknownUrnStrategy::Delete`](super::UnknownUrnStrategy::Delete).
     Dropped,
-    /// Unknown URN under [`UnknownUrnStrategy::Release`]: put back unchanged (its release
+    /// Unknown URN under [`UnknownUrnStrategy::Release`](super::UnknownUrnStrategy::Release): put back unchanged (its release
     /// count + 1) after [`App::release_delay`](super::App::release_delay).
     Released,
     /// Its id is in flight on another worker (lease mode, [`InFlight`](crate::InFlight)):
@@ -43,7 +40,7 @@ pub enum Disposition {
     Stranded,
 }
 
-/// One delivery's outcome, given to the [`App::on_delivery`] observer.
+/// One delivery's outcome, given to the [`App::on_delivery`](super::App::on_delivery) observer.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Report {
@@ -56,7 +53,7 @@ pub struct Report {
     /// Whether the original delivery was settled (acked, or atomically put back).
     pub acked: bool,
     /// Whether a handler failed (an error, a panic, or an unknown URN under
-    /// [`UnknownUrnStrategy::Fail`]).
+    /// [`UnknownUrnStrategy::Fail`](super::UnknownUrnStrategy::Fail)).
     pub failed: bool,
     /// Whether no handler was registered for its URN.
     pub unknown_urn: bool,
@@ -72,7 +69,7 @@ pub struct Report {
     pub headers: Option<super::transport::Headers>,
 }
 
-/// Counts of what a [`drain`](App::drain) or [`run`](App::run_until) did.
+/// Counts of what a [`drain`](super::App::drain) or [`run`](super::App::run_until) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -161,4 +158,3 @@ impl Stats {
         }
     }
 }
-

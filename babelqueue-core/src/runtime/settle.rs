@@ -306,9 +306,15 @@ mod tests {
         for (i, (h, attempts, releases, unknown, on, off)) in rows.into_iter().enumerate() {
             // sample 0: jitter adds nothing, so the delays are the exponential base.
             let got = decide(h, attempts, releases, pause, 0.0, &policy(unknown, true));
-            assert_eq!(got, on, "row {i} ({h:?}, attempts {attempts}, dead-letter on)");
+            assert_eq!(
+                got, on,
+                "row {i} ({h:?}, attempts {attempts}, dead-letter on)"
+            );
             let got = decide(h, attempts, releases, pause, 0.0, &policy(unknown, false));
-            assert_eq!(got, off, "row {i} ({h:?}, attempts {attempts}, dead-letter off)");
+            assert_eq!(
+                got, off,
+                "row {i} ({h:?}, attempts {attempts}, dead-letter off)"
+            );
         }
     }
 
@@ -319,7 +325,11 @@ mod tests {
         assert_eq!(p.delay(2, 0.0), MS(200));
         assert_eq!(p.delay(4, 0.0), MS(800));
         assert_eq!(p.delay(5, 0.0), MS(1000), "capped");
-        assert_eq!(p.delay(40, 0.99), MS(1000), "jitter never goes over the cap");
+        assert_eq!(
+            p.delay(40, 0.99),
+            MS(1000),
+            "jitter never goes over the cap"
+        );
         assert_eq!(p.delay(1, 1.0), MS(150), "jitter 0.5 adds up to half");
         for i in 0..100 {
             let d = p.delay(2, f64::from(i) / 100.0);

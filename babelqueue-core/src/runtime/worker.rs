@@ -122,7 +122,7 @@ impl Shared {
             None => Ok(true),
             Some(wait) => {
                 tracing::debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "drain: waiting for delayed messages");
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
                 self.ctx.transport.promote_due(queue, PROMOTE_BATCH).await?;
                 Ok(false)
             }
@@ -257,8 +257,7 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
         if shared.maint_stop.load(Ordering::SeqCst) {
             break;
         }
-        let due = ctx.earliest_due.load(Ordering::SeqCst);
-        let due_at = (due != u64::MAX).then(|| ctx.epoch + Duration::from_millis(due));
+        let due_at = ctx.due_instant(ctx.earliest_due.load(Ordering::SeqCst));
         let mut wake = next_heartbeat.min(next_recovery).min(next_poll);
         if let Some(d) = due_at {
             wake = wake.min(d);
@@ -284,8 +283,9 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
             recover_once(&shared, &mut stats).await;
             next_recovery = Instant::now() + cfg.recovery_interval;
         }
-        let due = ctx.earliest_due.load(Ordering::SeqCst);
-        let due_now = due != u64::MAX && ctx.epoch + Duration::from_millis(due) <= now;
+        let due_now = ctx
+            .due_instant(ctx.earliest_due.load(Ordering::SeqCst))
+            .is_some_and(|at| at <= now);
         if due_now || now >= next_poll {
             if due_now {
                 ctx.earliest_due.store(u64::MAX, Ordering::SeqCst);
@@ -302,9 +302,8 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
                             stats.transport_errors += 1;
                             tracing::warn!(%error, "promoting delayed messages failed");
                             // Try again soon.
-                            let at = (now + cfg.backoff_max.min(Duration::from_secs(1)))
-                                .saturating_duration_since(ctx.epoch)
-                                .as_millis() as u64;
+                            let at =
+                                ctx.due_mark(now + cfg.backoff_max.min(Duration::from_secs(1)));
                             ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
                             break;
                         }
@@ -313,9 +312,7 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
             }
             match ctx.transport.next_due(queue).await {
                 Ok(Some(wait)) => {
-                    let at = (Instant::now() + wait)
-                        .saturating_duration_since(ctx.epoch)
-                        .as_millis() as u64;
+                    let at = ctx.due_mark(Instant::now() + wait);
                     ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
                 }
                 Ok(None) => {}
