@@ -367,37 +367,45 @@ async fn metrics_count_deliveries_by_outcome_retries_dead_letters_and_store_call
     let flaky_calls = Arc::new(AtomicUsize::new(0));
     let (st, fc) = (store.clone(), flaky_calls.clone());
     let t = InMemoryTransport::new();
-    let app = App::new(t.clone())
-        .queue(q)
-        .max_attempts(2)
-        .route_async(CHARGE, move |env: Envelope| {
-            let (st, fc) = (st.clone(), fc.clone());
-            async move {
-                let kind = env.data["kind"].as_str().unwrap_or_default().to_owned();
-                guard_async(&*st, &env, async {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    match kind.as_str() {
-                        "ok" => Ok(()),
-                        // Fails on its first delivery only.
-                        "flaky" if fc.fetch_add(1, Ordering::SeqCst) > 0 => Ok(()),
-                        _ => Err(StoreFailed(Db(Root))),
-                    }
-                })
-                .await
-                .map(drop)
-            }
-        });
+    let app =
+        App::new(t.clone())
+            .queue(q)
+            .max_attempts(2)
+            .route_async(CHARGE, move |env: Envelope| {
+                let (st, fc) = (st.clone(), fc.clone());
+                async move {
+                    let kind = env.data["kind"].as_str().unwrap_or_default().to_owned();
+                    guard_async(&*st, &env, async {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        match kind.as_str() {
+                            "ok" => Ok(()),
+                            // Fails on its first delivery only.
+                            "flaky" if fc.fetch_add(1, Ordering::SeqCst) > 0 => Ok(()),
+                            _ => Err(StoreFailed(Db(Root))),
+                        }
+                    })
+                    .await
+                    .map(drop)
+                }
+            });
     let ok = Envelope::new(CHARGE, json!({"kind": "ok"}))
         .unwrap()
         .encode();
     app.publish_raw(ok.clone()).await.unwrap();
     app.publish_raw(ok).await.unwrap(); // a duplicate: skipped
-    app.publish(CHARGE, &json!({"kind": "flaky"})).await.unwrap(); // retried, then ok
+    app.publish(CHARGE, &json!({"kind": "flaky"}))
+        .await
+        .unwrap(); // retried, then ok
     app.publish(CHARGE, &json!({"kind": "bad"})).await.unwrap(); // retried, dead-lettered
     app.publish_raw(b"{not json".to_vec()).await.unwrap(); // poison
     let stats = app.drain().await.unwrap();
     assert_eq!(
-        (stats.succeeded, stats.skipped, stats.retried, stats.dead_lettered),
+        (
+            stats.succeeded,
+            stats.skipped,
+            stats.retried,
+            stats.dead_lettered
+        ),
         (2, 1, 2, 2)
     );
 
@@ -554,9 +562,11 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
 
     let q = "obs-otel";
     let t = InMemoryTransport::new();
-    let app = App::new(t.clone()).queue(q).route_sync(CHARGE, |_: &Envelope| {
-        tracing::info_span!("charge").in_scope(|| ())
-    });
+    let app = App::new(t.clone())
+        .queue(q)
+        .route_sync(CHARGE, |_: &Envelope| {
+            tracing::info_span!("charge").in_scope(|| ())
+        });
     let traced = Envelope::new(CHARGE, json!({"n": 1})).unwrap();
     t.publish_with_headers(q, &traced.encode(), Some(&traced_headers()))
         .await
@@ -605,7 +615,10 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
         ("messaging.system", "babelqueue"),
         ("messaging.destination.name", q),
         ("messaging.operation.type", "process"),
-        ("messaging.message.conversation_id", traced.trace_id.as_str()),
+        (
+            "messaging.message.conversation_id",
+            traced.trace_id.as_str(),
+        ),
     ] {
         assert_eq!(attr(traced_span, k).as_deref(), Some(v), "attribute {k}");
     }

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use super::app::{Config, Observer, UnknownUrnStrategy};
 use super::dead_letter::{self, Block};
-use super::observe;
 use super::errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable, in_chain};
+use super::observe;
 use super::report::{Disposition, Report};
 use super::settle::{Action, Happened, Policy, PutBack, decide};
 use super::transport::{Delivery, Headers, Transport, TransportError, encode_element};

@@ -351,13 +351,16 @@ impl Transport for InMemoryTransport {
     }
 
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
-        let depth = self.lock().get(queue).map_or_else(QueueDepth::default, |q| {
-            QueueDepth::new(
-                q.ready.len() as u64,
-                q.delayed.len() as u64,
-                q.processing.len() as u64,
-            )
-        });
+        let depth = self
+            .lock()
+            .get(queue)
+            .map_or_else(QueueDepth::default, |q| {
+                QueueDepth::new(
+                    q.ready.len() as u64,
+                    q.delayed.len() as u64,
+                    q.processing.len() as u64,
+                )
+            });
         Box::pin(std::future::ready(Ok(depth)))
     }
 

@@ -101,7 +101,10 @@ mod tests {
 
     #[test]
     fn the_whole_chain_is_kept_once() {
-        assert_eq!(error_chain(&Top(Db(Root))), "postgres store: db error: root cause");
+        assert_eq!(
+            error_chain(&Top(Db(Root))),
+            "postgres store: db error: root cause"
+        );
         assert_eq!(error_chain(&Root), "root cause");
         assert_eq!(
             error_chain(&Repeats(Db(Root))),

@@ -3,9 +3,7 @@
 
 use opentelemetry::Context;
 use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::transport::Headers;
@@ -74,7 +72,9 @@ fn parse_traceparent(traceparent: &str, tracestate: &str) -> Option<SpanContext>
     let span_id = parts.next()?;
     let flags = parts.next()?;
     let lower_hex = |s: &str, len: usize| {
-        s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     if !lower_hex(version, 2)
         || version == "ff"
@@ -120,12 +120,14 @@ mod tests {
         let sc = parse_traceparent(ok, "congo=t61rcWkgMzE").unwrap();
         assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
         assert_eq!(sc.trace_state().get("congo"), Some("t61rcWkgMzE"));
-        assert!(!parse_traceparent(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
-            ""
-        )
-        .unwrap()
-        .is_sampled());
+        assert!(
+            !parse_traceparent(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+                ""
+            )
+            .unwrap()
+            .is_sampled()
+        );
         // A later version may carry more fields.
         assert!(
             parse_traceparent(

@@ -369,7 +369,9 @@ pub trait Transport: Send + Sync + 'static {
     /// Default: [`TransportError::Unsupported`] (the gauge is then not reported).
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
         let _ = queue;
-        Box::pin(std::future::ready(Err(TransportError::Unsupported("depth"))))
+        Box::pin(std::future::ready(Err(TransportError::Unsupported(
+            "depth",
+        ))))
     }
 
     /// Publishes an envelope body with out-of-band headers. The default writes a header

@@ -15,9 +15,9 @@ use tracing::Instrument;
 
 use super::app::{App, DrainError};
 use super::execute::{Ctx, process, settle_exhausted};
-use super::{metrics, observe};
 use super::report::{Report, Stats};
 use super::transport::{Delivery, TransportError};
+use super::{metrics, observe};
 
 /// How a consume ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
