@@ -13,8 +13,8 @@
 //! | `babelqueue_dead_letters_total` | counter | `queue`, `reason` | messages dead-lettered, by reason (`failed`, `unknown_urn`, `poison`) |
 //! | `babelqueue_in_flight` | gauge | `queue` | deliveries this process is handling right now |
 //! | `babelqueue_queue_depth` | gauge | `queue`, `state` | messages in the queue, `state` = `ready`, `delayed` or `in_flight` (every consumer), sampled every heartbeat interval |
-//! | `babelqueue_store_call_duration_seconds` | histogram | `store`, `op` | dedupe-store call latency, through [`Metered`] |
-//! | `babelqueue_store_errors_total` | counter | `store`, `op` | dedupe-store calls that failed, through [`Metered`] |
+//! | `babelqueue_store_call_duration_seconds` | histogram | `store`, `op` | dedupe-store call latency, through `Metered` |
+//! | `babelqueue_store_errors_total` | counter | `store`, `op` | dedupe-store calls that failed, through `Metered` |
 //!
 //! Label values: `outcome` is one of `succeeded`, `skipped`, `retried`, `dead_lettered`,
 //! `dropped`, `released`, `deferred`, `requeued`, `stranded` (see
@@ -23,7 +23,7 @@
 //! producer cannot explode the label set); `op` is one of `seen`, `remember`, `forget`,
 //! `claim`, `complete`, `release`.
 //!
-//! The queue depth needs [`Transport::depth`](super::Transport::depth) (the in-memory
+//! The queue depth needs [`Transport::depth`] (the in-memory
 //! transport has it; a transport without it reports no depth).
 //!
 //! ```
