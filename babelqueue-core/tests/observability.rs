@@ -639,3 +639,78 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
     );
     assert!(!own.parent_span_is_remote);
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metered_times_every_store_trait_and_counts_failures() {
+    use babelqueue_core::runtime::metrics::{
+        Metered, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL,
+    };
+    use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, InMemoryStore, LeaseStore, Store};
+
+    /// A store whose every call fails.
+    struct Down;
+    impl Store for Down {
+        type Error = StoreFailed;
+        fn seen(&self, _: &str) -> Result<bool, StoreFailed> {
+            Err(StoreFailed(Db(Root)))
+        }
+        fn remember(&self, _: &str) -> Result<(), StoreFailed> {
+            Err(StoreFailed(Db(Root)))
+        }
+        fn forget(&self, _: &str) -> Result<(), StoreFailed> {
+            Err(StoreFailed(Db(Root)))
+        }
+    }
+
+    let rec = recorder::installed();
+    let calls = |store: &str, op: &str| {
+        rec.samples(STORE_CALL_DURATION_SECONDS, &[("store", store), ("op", op)])
+            .len()
+    };
+    let errors =
+        |store: &str, op: &str| rec.counter(STORE_ERRORS_TOTAL, &[("store", store), ("op", op)]);
+
+    let down = Metered::new(Down, "obs-down");
+    assert!(Store::seen(&down, "a").is_err());
+    assert!(Store::remember_for(&down, "a", None).is_err());
+    assert_eq!(
+        (calls("obs-down", "seen"), errors("obs-down", "seen")),
+        (1, 1)
+    );
+    assert_eq!(
+        (
+            calls("obs-down", "remember"),
+            errors("obs-down", "remember")
+        ),
+        (1, 1)
+    );
+
+    // The wrapper behaves like the store it wraps, sync and async, seen-set and lease.
+    let mem = Metered::new(InMemoryStore::new(), "obs-lease");
+    let Claim::Acquired(token) = LeaseStore::claim(&mem, "id-1", Duration::from_secs(5)).unwrap()
+    else {
+        panic!("a fresh id is acquired")
+    };
+    assert!(
+        AsyncStore::seen(&mem, "id-1").await.unwrap(),
+        "held counts as seen"
+    );
+    assert!(
+        AsyncLeaseStore::complete(&mem, "id-1", &token, None)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        AsyncLeaseStore::claim(&mem, "id-1", Duration::from_secs(5))
+            .await
+            .unwrap(),
+        Claim::Completed
+    ));
+    AsyncStore::forget(&mem, "id-1").await.unwrap();
+    assert!(!Store::seen(&mem, "id-1").unwrap());
+    for (op, n) in [("claim", 2), ("seen", 2), ("complete", 1), ("forget", 1)] {
+        assert_eq!(calls("obs-lease", op), n, "op {op}");
+        assert_eq!(errors("obs-lease", op), 0, "op {op}");
+    }
+}
