@@ -622,21 +622,29 @@ async fn settle(
                         dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
                     }
                 };
-                let body = body
-                    .filter(|b| !b.is_empty())
-                    .ok_or_else(|| TransportError::backend("the body is not a JSON object"))?;
-                match d.headers() {
-                    Some(h) if !h.is_empty() => encode_element(&body, Some(h)),
-                    _ => Ok(body),
-                }
+                body.filter(|b| !b.is_empty())
+                    .ok_or_else(|| TransportError::backend("the body is not a JSON object"))
             };
+            // With headers, the transport's own `publish_with_headers` (a frame on the
+            // list transports, native headers elsewhere); without, the body is moved.
+            let headers = d.headers().filter(|h| !h.is_empty());
             match build() {
                 Ok(first) => {
                     let mut first = Some(first);
                     let published = ctx
                         .until_done("dead-letter", || {
-                            let element = first.take().map_or_else(build, Ok);
-                            async move { ctx.transport.publish_raw(&ctx.dlq, element?).await }
+                            let body = first.take().map_or_else(build, Ok);
+                            async move {
+                                let body = body?;
+                                match headers {
+                                    Some(h) => {
+                                        ctx.transport
+                                            .publish_with_headers(&ctx.dlq, &body, Some(h))
+                                            .await
+                                    }
+                                    None => ctx.transport.publish_raw(&ctx.dlq, body).await,
+                                }
+                            }
                         })
                         .await;
                     match published {
