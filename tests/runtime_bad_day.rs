@@ -204,7 +204,11 @@ async fn a_permanent_error_is_dead_lettered_at_once() {
     assert_eq!((s.retried, s.dead_lettered, s.failed), (0, 1, 1));
     let dead = json_of(&t.messages("q.dlq")[0]);
     assert_eq!(dead["dead_letter"]["reason"], "failed");
-    assert_eq!(dead["dead_letter"]["error"], "card declined");
+    // The whole cause chain (the `Permanent` marker is transparent).
+    assert_eq!(
+        dead["dead_letter"]["error"],
+        "card declined: insufficient funds"
+    );
     assert_eq!(dead["attempts"], 1);
 }
 

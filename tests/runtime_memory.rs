@@ -727,16 +727,30 @@ async fn each_message_has_a_span_and_events_for_ack_skip_retry_and_dead_letter()
     app.drain().await.unwrap();
 
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-    let span = format!(
-        "babelqueue.message{{queue=traced urn=\"{CHARGE}\" meta.id=\"{}\" trace_id=\"{}\" attempts=0}}",
-        ok.meta.id, ok.trace_id
-    );
-    assert!(text.contains(&span), "{text}");
-    let retry_span = format!(
-        "meta.id=\"{}\" trace_id=\"{}\" attempts=1}}",
-        failing.meta.id, failing.trace_id
-    );
-    assert!(text.contains(&retry_span), "{text}");
+    // Each event line carries its message span with the message's fields.
+    let in_span = |fields: &[String]| {
+        text.lines().any(|line| {
+            line.contains("babelqueue.message{") && fields.iter().all(|f| line.contains(f.as_str()))
+        })
+    };
+    let ok_fields = [
+        "queue=traced".to_owned(),
+        format!("urn=\"{CHARGE}\""),
+        format!("meta.id=\"{}\"", ok.meta.id),
+        format!("trace_id=\"{}\"", ok.trace_id),
+        format!("messaging.message.id=\"{}\"", ok.meta.id),
+        format!("messaging.message.conversation_id=\"{}\"", ok.trace_id),
+        "messaging.system=\"babelqueue\"".to_owned(),
+        "messaging.destination.name=traced".to_owned(),
+        "attempts=0}".to_owned(),
+    ];
+    assert!(in_span(&ok_fields), "{text}");
+    let retry_fields = [
+        format!("meta.id=\"{}\"", failing.meta.id),
+        format!("trace_id=\"{}\"", failing.trace_id),
+        "attempts=1}".to_owned(),
+    ];
+    assert!(in_span(&retry_fields), "{text}");
     for event in [
         "acked",
         "duplicate skipped",

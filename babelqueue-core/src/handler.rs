@@ -164,9 +164,16 @@ where
 {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
+            // The handler's own spans and events belong to the message span, under the
+            // caller's subscriber.
+            let span = tracing::Span::current();
+            let dispatch = tracing::dispatcher::get_default(Clone::clone);
             let task = handle.spawn_blocking(move || {
-                let (r, o) = capture_outcome_sync(f);
-                into_output(r, o)
+                tracing::dispatcher::with_default(&dispatch, || {
+                    let _entered = span.enter();
+                    let (r, o) = capture_outcome_sync(f);
+                    into_output(r, o)
+                })
             });
             Box::pin(async move {
                 match task.await {

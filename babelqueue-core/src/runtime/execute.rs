@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::app::{Config, Observer, UnknownUrnStrategy};
 use super::dead_letter::{self, Block};
 use super::errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable, in_chain};
+use super::observe;
 use super::report::{Disposition, Report};
 use super::settle::{Action, Happened, Policy, PutBack, decide};
 use super::transport::{Delivery, Headers, Transport, TransportError, encode_element};
@@ -370,7 +371,7 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
             };
             Verdict {
                 happened,
-                error: Some(e.to_string()),
+                error: Some(observe::error_chain(inner)),
                 exception: Some(e.type_name().to_owned()),
             }
         }
@@ -410,11 +411,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
             return settle_poison(ctx, &delivery, None, &body, error.to_string()).await;
         }
     };
-    let span = tracing::Span::current();
-    span.record("urn", envelope.urn());
-    span.record("meta.id", envelope.meta.id.as_str());
-    span.record("trace_id", envelope.trace_id.as_str());
-    span.record("attempts", envelope.attempts);
+    observe::record_envelope(&envelope);
 
     if let Err(e) = crate::key::id_is_storable(&envelope.meta.id) {
         let error = e.to_string();
@@ -451,10 +448,16 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
     let id = envelope.meta.id.clone();
     let keep = ctx.observer.is_some().then(|| envelope.clone());
     let probe = Arc::new(StoreProbe::default());
+    let urn = handler.urn().to_owned();
+    let started = Instant::now();
     let called = run_handler(ctx, handler.as_ref(), envelope, &probe).await;
+    let duration = started.elapsed();
     inflight::take_sync_marks(&id, &probe);
     let verdict = classify(called, &probe);
-    settle(ctx, &delivery, keep, attempts, verdict, None).await
+    let mut report = settle(ctx, &delivery, keep, attempts, verdict, None).await;
+    report.urn = Some(urn);
+    report.duration = Some(duration);
+    report
 }
 
 /// Dead-letters a message recovered from dead consumers too many times.
@@ -683,6 +686,9 @@ async fn settle(
         failed,
         unknown_urn: false,
         error,
+        urn: None,
+        duration: None,
+        headers: d.headers().cloned(),
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::depth::QueueDepth;
 use super::transport::{Delivery, Recovered, Transport, TransportError};
 use crate::handler::BoxFuture;
 
@@ -347,6 +348,20 @@ impl Transport for InMemoryTransport {
             self.inner.notify.notify_waiters();
         }
         Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
+        let depth = self
+            .lock()
+            .get(queue)
+            .map_or_else(QueueDepth::default, |q| {
+                QueueDepth::new(
+                    q.ready.len() as u64,
+                    q.delayed.len() as u64,
+                    q.processing.len() as u64,
+                )
+            });
+        Box::pin(std::future::ready(Ok(depth)))
     }
 
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {

@@ -42,9 +42,14 @@
 
 mod app;
 mod dead_letter;
+mod depth;
 mod errors;
 mod execute;
 mod memory;
+pub mod metrics;
+mod observe;
+#[cfg(feature = "opentelemetry")]
+pub mod otel;
 mod report;
 mod settle;
 mod transport;
@@ -52,6 +57,7 @@ mod worker;
 
 pub use app::{App, DrainError, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
+pub use depth::QueueDepth;
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
 pub use memory::InMemoryTransport;

@@ -57,8 +57,16 @@ pub struct Report {
     pub failed: bool,
     /// Whether no handler was registered for its URN.
     pub unknown_urn: bool,
-    /// The error, if any.
+    /// The error, if any, with its whole cause chain (`top: cause: root cause`).
     pub error: Option<String>,
+    /// The URN of the handler that ran (`None` when none ran: poison, unknown URN,
+    /// recovered too often).
+    pub urn: Option<String>,
+    /// How long the handler ran, its idempotency guard included (`None` when no handler
+    /// ran). Measured on tokio's clock.
+    pub duration: Option<std::time::Duration>,
+    /// The delivery's out-of-band headers (`traceparent`, …), when it had any.
+    pub headers: Option<super::transport::Headers>,
 }
 
 /// Counts of what a [`drain`](super::App::drain) or [`run`](super::App::run_until) did.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::depth::QueueDepth;
 use crate::envelope::Envelope;
 use crate::handler::{BoxError, BoxFuture};
 
@@ -363,6 +364,16 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    /// How many messages `queue` holds: ready, delayed and in flight (every consumer).
+    /// The runtime samples it for the `babelqueue_queue_depth` gauge (feature `metrics`).
+    /// Default: [`TransportError::Unsupported`] (the gauge is then not reported).
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
+        let _ = queue;
+        Box::pin(std::future::ready(Err(TransportError::Unsupported(
+            "depth",
+        ))))
+    }
+
     /// Publishes an envelope body with out-of-band headers. The default writes a header
     /// frame when `headers` is non-empty (the list transports' convention); a broker with
     /// native headers overrides it.
@@ -449,6 +460,9 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
     }
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
         T::leave(self, queue)
+    }
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
+        T::depth(self, queue)
     }
     fn publish_with_headers<'a>(
         &'a self,

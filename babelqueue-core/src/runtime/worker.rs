@@ -12,12 +12,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
-use tracing::field::Empty;
 
 use super::app::{App, DrainError};
 use super::execute::{Ctx, process, settle_exhausted};
 use super::report::{Report, Stats};
 use super::transport::{Delivery, TransportError};
+use super::{metrics, observe};
 
 /// How a consume ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,18 +102,13 @@ impl Shared {
         {
             tracing::error!("the on_delivery observer panicked");
         }
+        metrics::delivery(report);
         stats.record(report);
     }
 
     async fn handle(&self, delivery: Delivery, stats: &mut Stats) {
-        let span = tracing::info_span!(
-            "babelqueue.message",
-            queue = %self.ctx.config.queue,
-            urn = Empty,
-            "meta.id" = Empty,
-            trace_id = Empty,
-            attempts = Empty,
-        );
+        let span = observe::message_span(&self.ctx.config.queue, &delivery);
+        let _in_flight = metrics::InFlightGauge::enter(&self.ctx.config.queue);
         let report = process(&self.ctx, delivery).instrument(span).await;
         self.observe(&report, stats);
         self.wake.notify_waiters();
@@ -281,6 +276,7 @@ async fn maintenance(shared: Arc<Shared>) -> Stats {
                 stats.transport_errors += 1;
                 tracing::warn!(%error, "heartbeat failed");
             }
+            metrics::sample_depth(ctx.transport.as_ref(), queue).await;
             next_heartbeat = now + cfg.heartbeat_interval;
         }
         if now >= next_recovery {
