@@ -640,3 +640,40 @@ async fn concurrent_blocking_reserves_share_one_connection_without_errors() {
     got.sort();
     assert_eq!(got, vec![b"a".to_vec(), b"b".to_vec()]);
 }
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn depth_counts_ready_delayed_and_in_flight() {
+    let q = Queue::new("depth");
+    let t = transport().await;
+    for body in [&b"a"[..], b"b", b"c"] {
+        t.publish_raw(&q.name, body.to_vec()).await.unwrap();
+    }
+    let first = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
+    let second = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
+    t.requeue(&second, second.element().to_vec(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let depth = t.depth(&q.name).await.unwrap();
+    assert_eq!(
+        (depth.ready, depth.delayed, depth.in_flight),
+        (1, 1, 1),
+        "{depth:?}"
+    );
+    t.ack(&first).await.unwrap();
+    let depth = t.depth(&q.name).await.unwrap();
+    assert_eq!((depth.ready, depth.delayed, depth.in_flight), (1, 1, 0));
+    // Clean up what is left: the ready message and the delayed one.
+    let mut c = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&q.name)
+        .arg(format!("{{{}}}:delayed", q.name))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    t.leave(&q.name).await.unwrap();
+}

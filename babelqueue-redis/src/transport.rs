@@ -32,7 +32,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::{Delivery, Recovered, Transport, TransportError};
+use babelqueue_core::runtime::{Delivery, QueueDepth, Recovered, Transport, TransportError};
 use redis::{Client, RedisError, Value};
 use tokio::sync::{Mutex, RwLock};
 use tokio::time::Instant;
@@ -878,6 +878,23 @@ impl Transport for RedisTransport {
                 .map(|e| Delivery::new(queue, e, 0))
                 .collect();
             Ok(Recovered::new(requeued, exhausted))
+        })
+    }
+
+    /// `LLEN <queue>`, `ZCARD {<queue>}:delayed`, and the in-flight messages of every
+    /// registered consumer plus the legacy `<queue>:processing` (see
+    /// [`in_flight_len`](RedisTransport::in_flight_len)). Sampled by the App's maintenance
+    /// task for the `babelqueue_queue_depth` gauge, never per message.
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
+        Box::pin(async move {
+            let ready = self.len(queue).await?;
+            let delayed = self.delayed_len(queue).await?;
+            let in_flight = self.in_flight_len(queue).await?;
+            Ok(QueueDepth::new(
+                ready as u64,
+                delayed as u64,
+                in_flight as u64,
+            ))
         })
     }
 
