@@ -125,9 +125,7 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
 /// directly (a test, a handler called by hand), which keeps its plain store semantics
 /// (e.g. lease mode answering `InFlight` to a concurrent call).
 pub(crate) async fn consumer_turn(key: &str) -> Option<KeyTurn> {
-    if current().is_none() {
-        return None;
-    }
+    current()?;
     Some(turn_async(key).await)
 }
 
