@@ -28,22 +28,30 @@
 
 pub mod dyn_store;
 pub mod envelope;
+pub mod fingerprint;
 pub mod guard;
 pub mod handler;
 pub mod key;
 pub mod lease;
 mod macro_support;
 pub mod memory;
+pub mod namespace;
+pub mod retention;
 pub mod runtime;
 pub mod sql;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod txn;
 
 pub use dyn_store::{DynStore, DynStoreError};
 pub use envelope::{
     DEFAULT_QUEUE, DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, LANG, Meta,
     SCHEMA_VERSION, now_millis,
+};
+pub use fingerprint::{
+    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_async_fingerprint,
+    guard_fingerprint,
 };
 pub use guard::{
     HandlerResult, Outcome, capture_outcome, capture_outcome_sync, guard, guard_async,
@@ -53,6 +61,8 @@ pub use handler::{BoxError, BoxFuture, Handler, HandlerError, HandlerOutput, Rou
 pub use key::DedupeKey;
 pub use lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 pub use memory::{InMemoryStore, InMemoryStoreBuilder};
+pub use namespace::Namespace;
+pub use retention::DEFAULT_RETENTION;
 pub use runtime::{App, InMemoryTransport, Stats, Transport, TransportError, UnknownUrnStrategy};
 pub use store::{AsyncStore, IntoHandlerError, Store};
 
@@ -61,6 +71,10 @@ pub use store::{AsyncStore, IntoHandlerError, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::envelope::Envelope;
+    pub use crate::fingerprint::{
+        AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
+        guard_async_fingerprint, guard_fingerprint,
+    };
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
@@ -68,6 +82,7 @@ pub mod __private {
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;
+    pub use crate::namespace::{Namespace, handler_key};
     pub use crate::store::{AsyncStore, IntoHandlerError, Store};
     pub use ::core;
     pub use ::std;

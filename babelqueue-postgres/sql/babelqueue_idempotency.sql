@@ -30,5 +30,12 @@ CREATE INDEX IF NOT EXISTS babelqueue_idempotency_expires_at_idx
 ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS lease_token TEXT NULL;
 ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ NULL;
 
+-- Payload fingerprints (Rust SDK, opt-in), additive: `sha256:<hex>` of the canonical
+-- JSON of `data`, and the created_at it was written with. It counts only while
+-- fingerprint_at = created_at, so a row re-claimed later by an SDK that does not know
+-- this column (which rewrites created_at) reads as "no fingerprint", never a stale one.
+ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS fingerprint TEXT NULL;
+ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS fingerprint_at TIMESTAMPTZ NULL;
+
 -- Housekeeping (purge_expired()): expired rows are already ignored, this reclaims space.
 --   DELETE FROM babelqueue_idempotency WHERE expires_at IS NOT NULL AND expires_at <= now();

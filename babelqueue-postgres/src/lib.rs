@@ -18,9 +18,12 @@
 //! ```
 #![warn(missing_docs)]
 
+mod purge;
 mod store;
 mod table;
+mod txn;
 
+pub use purge::{DEFAULT_PURGE_BATCH, PurgeReport, Purger};
 pub use store::{PostgresStore, PostgresStoreBuilder, PostgresStoreError};
 pub use table::{DDL, DEFAULT_TABLE, InvalidTableName, TableName};
 

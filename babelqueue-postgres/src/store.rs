@@ -5,7 +5,7 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
+use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseToken};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
@@ -158,10 +158,12 @@ impl Statements {
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: Pool,
+    pub(crate) pool: Pool,
     table: TableName,
     sql: std::sync::Arc<Statements>,
-    ttl: Option<Duration>,
+    /// Statements of transactional mode, fingerprints and batched purges.
+    pub(crate) ext: std::sync::Arc<crate::txn::Statements>,
+    pub(crate) ttl: Option<Duration>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -192,10 +194,18 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long a remembered id stays seen (default: forever).
+    /// How long a remembered id stays seen (default [`DEFAULT_RETENTION`], 7 days).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// Remembered ids never expire (`expires_at` NULL, as the other SDKs write by
+    /// default).
+    #[must_use]
+    pub fn keep_forever(mut self) -> Self {
+        self.ttl = None;
         self
     }
 
@@ -244,13 +254,13 @@ impl PostgresStoreBuilder {
     }
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl PostgresStore {
     /// Connects to `url` (a `postgres://` URL or a `key=value` string) with the default
-    /// table and no TTL.
+    /// table and retention ([`DEFAULT_RETENTION`], 7 days).
     pub async fn connect(url: &str) -> Result<Self, PostgresStoreError> {
         Self::builder(url).connect().await
     }
@@ -260,14 +270,14 @@ impl PostgresStore {
         PostgresStoreBuilder {
             url: url.into(),
             table: crate::DEFAULT_TABLE.to_owned(),
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
         }
     }
 
     /// A store over a pool of your own (TLS connector, custom configuration), on
-    /// `table` (validated).
+    /// `table` (validated), with the default retention.
     pub fn from_pool(pool: Pool, table: &str) -> Result<Self, PostgresStoreError> {
         Ok(Self::from_pool_and_table(pool, TableName::parse(table)?))
     }
@@ -276,8 +286,9 @@ impl PostgresStore {
         PostgresStore {
             pool,
             sql: std::sync::Arc::new(Statements::new(&table)),
+            ext: std::sync::Arc::new(crate::txn::Statements::new(&table)),
             table,
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
         }
     }
 
@@ -334,7 +345,8 @@ impl PostgresStore {
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
                  AND (SELECT count(*) FROM pg_attribute \
                       WHERE attrelid = to_regclass($1) AND NOT attisdropped \
-                      AND attname IN ('lease_token', 'lease_expires_at')) = 2",
+                      AND attname IN ('lease_token', 'lease_expires_at', \
+                                      'fingerprint', 'fingerprint_at')) = 4",
                 &[&self.table.sql(), &self.table.qualified_index_sql()],
             )
             .await?;
@@ -365,7 +377,7 @@ impl PostgresStore {
         self.execute(&self.sql.purge, &[]).await
     }
 
-    async fn query(
+    pub(crate) async fn query(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -375,7 +387,7 @@ impl PostgresStore {
         Ok(client.query(&stmt, params).await?)
     }
 
-    async fn execute(
+    pub(crate) async fn execute(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],

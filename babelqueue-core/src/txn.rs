@@ -1,0 +1,48 @@
+//! Transactional idempotency: the handler's database writes and the id's row commit
+//! together, or neither does.
+//!
+//! The seen-set guard leaves one window open (as every BabelQueue SDK and AWS Lambda
+//! Powertools do): the effect happens, the process dies before `remember`, and the
+//! redelivery runs the effect again. When the effect is a write to the same database as
+//! the store, the window closes: the store opens a transaction, inserts the id's row in
+//! it, hands the transaction to the handler, and commits once the handler succeeds.
+//!
+//! * A crash before the commit rolls back both the effect and the id: the redelivery
+//!   runs, once.
+//! * A handler error rolls back both: the retry runs.
+//! * A duplicate finds the committed row and is skipped, without calling the handler.
+//! * Two concurrent deliveries of one id serialize on the row (its primary key): the
+//!   second waits until the first commits (then skips) or rolls back (then runs).
+//!
+//! The stores offering it: `PostgresStore::transaction` (async; the handler gets the
+//! `tokio_postgres` transaction) and `SqliteStore::transaction` (blocking, `BEGIN
+//! IMMEDIATE`; the handler gets the `rusqlite` transaction). The id rows keep the shared
+//! table layout, so other SDKs sharing the table still see the id as seen.
+//!
+//! **Does not**: make effects outside that database (an HTTP call, a message published
+//! to a broker, a write to another database) atomic with the id; they run again after a
+//! crash before the commit. A commit that fails ambiguously (the connection drops during
+//! `COMMIT`) returns an error and the message is retried: if the commit did happen, the
+//! retry sees the row and is skipped.
+//!
+//! This module holds what the stores' implementations share: recording the guard's
+//! [`Outcome`] so that the runtime's [`capture_outcome`](crate::capture_outcome) tells a
+//! skipped duplicate from a run.
+
+use crate::guard::Outcome;
+
+/// Records `outcome` for [`capture_outcome`](crate::capture_outcome) /
+/// [`capture_outcome_sync`](crate::capture_outcome_sync) and returns it. For store
+/// implementations of a transactional guard (the seen-set guards record theirs).
+pub fn report(outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Skipped => crate::guard::skipped("(transactional)"),
+        other => crate::guard::done(other),
+    }
+}
+
+/// Records a skipped duplicate of `key` (logged at debug level) and returns
+/// [`Outcome::Skipped`].
+pub fn report_skipped(key: &str) -> Outcome {
+    crate::guard::skipped(key)
+}
