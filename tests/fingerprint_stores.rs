@@ -67,7 +67,10 @@ where
         Ok(Outcome::Skipped)
     );
     let m = deliver(store, &k1, fp(9900), &runs).await.unwrap_err();
-    assert_eq!((m.key.as_str(), m.stored, m.received), (k1.as_str(), fp(4200), fp(9900)));
+    assert_eq!(
+        (m.key.as_str(), m.stored, m.received),
+        (k1.as_str(), fp(4200), fp(9900))
+    );
     assert!(
         m.to_string()
             .contains("differs from the first delivery of that key"),
@@ -92,7 +95,10 @@ where
     assert_eq!(store.lookup(&k1).await.unwrap(), Lookup::Unseen);
     assert_eq!(deliver(store, &k1, fp(9900), &runs).await, Ok(Outcome::Ran));
     assert_eq!(
-        deliver(store, &k1, fp(4200), &runs).await.unwrap_err().stored,
+        deliver(store, &k1, fp(4200), &runs)
+            .await
+            .unwrap_err()
+            .stored,
         fp(9900)
     );
     // Expiry takes the fingerprint with it.
@@ -119,9 +125,7 @@ async fn memory_store_fingerprints() {
 #[test]
 fn memory_store_fingerprints_blocking_guard() {
     let store = InMemoryStore::new();
-    let run = |amount| {
-        guard_fingerprint(&store, "k", fp(amount), None, || Ok::<(), BoxError>(()))
-    };
+    let run = |amount| guard_fingerprint(&store, "k", fp(amount), None, || Ok::<(), BoxError>(()));
     assert_eq!(run(1).unwrap(), Outcome::Ran);
     assert_eq!(run(1).unwrap(), Outcome::Skipped);
     assert!(run(2).unwrap_err().is::<PayloadMismatch>());
@@ -177,11 +181,18 @@ async fn redis_store_fingerprints() {
     let k1 = scenario(&store, "").await;
     let mut conn = raw_redis().await;
     let value: Option<String> = conn.get(store.key(&k1)).await.unwrap();
-    assert_eq!(value, Some(fp(9900).to_string()), "the value is the fingerprint");
+    assert_eq!(
+        value,
+        Some(fp(9900).to_string()),
+        "the value is the fingerprint"
+    );
     // What the Go SDK writes: `1`. Honoured as "no fingerprint".
     let _: () = conn.set(store.key("go"), "1").await.unwrap();
     let runs = AtomicUsize::new(0);
-    assert_eq!(deliver(&store, "go", fp(5), &runs).await, Ok(Outcome::Skipped));
+    assert_eq!(
+        deliver(&store, "go", fp(5), &runs).await,
+        Ok(Outcome::Skipped)
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // And a fingerprinted key is still seen by the Go SDK's EXISTS.
     let exists: bool = conn.exists(store.key(&k1)).await.unwrap();
@@ -279,7 +290,10 @@ async fn postgres_go_layout_table_gains_nullable_columns_and_go_rows_have_no_fin
         Ok(Outcome::Skipped)
     );
     // A fingerprinted Rust row is seen by the Go SDK's query.
-    assert_eq!(deliver(&store, "rust", fp(3), &runs).await, Ok(Outcome::Ran));
+    assert_eq!(
+        deliver(&store, "rust", fp(3), &runs).await,
+        Ok(Outcome::Ran)
+    );
     let go_seen = c
         .query(
             &format!(

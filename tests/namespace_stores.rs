@@ -144,7 +144,10 @@ async fn postgres_store_scopes_custom_keys_per_handler() {
     let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     assert!(ids.contains(&format!("{CHARGE}#{payment}")), "{ids:?}");
     assert!(ids.contains(&format!("{REFUND}#{payment}")), "{ids:?}");
-    assert!(ids.contains(&charge.meta.id), "meta.id row is bare: {ids:?}");
+    assert!(
+        ids.contains(&charge.meta.id),
+        "meta.id row is bare: {ids:?}"
+    );
     pg_drop(&t).await;
 }
 
@@ -153,9 +156,12 @@ async fn a_ttl_applies_to_namespaced_keys_too() {
     let store = InMemoryStore::new();
     let env = Envelope::new(CHARGE, json!({"payment_id": "p"})).unwrap();
     let key = handler_key(&env, None, "p");
-    let out = guard_async_ttl(&store, key.clone(), Some(Duration::from_millis(20)), async {
-        Ok::<(), BoxError>(())
-    })
+    let out = guard_async_ttl(
+        &store,
+        key.clone(),
+        Some(Duration::from_millis(20)),
+        async { Ok::<(), BoxError>(()) },
+    )
     .await
     .unwrap();
     assert_eq!(out, Outcome::Ran);
