@@ -30,6 +30,7 @@ pub mod dyn_store;
 pub mod envelope;
 pub mod fingerprint;
 pub mod guard;
+mod guard_ext;
 pub mod handler;
 pub mod key;
 pub mod lease;
@@ -78,12 +79,14 @@ pub mod __private {
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
+    pub use crate::guard_ext::*;
     pub use crate::handler::{BoxFuture, Handler, HandlerOutput, run_async, run_sync};
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;
-    pub use crate::namespace::{Namespace, handler_key};
+    pub use crate::namespace::{Namespace, handler_key, scoped_key};
     pub use crate::store::{AsyncStore, IntoHandlerError, Store};
+    pub use crate::txn::{AsyncTransactionalStore, TransactionalStore};
     pub use ::core;
     pub use ::std;
 }

@@ -164,6 +164,25 @@ pub fn handler_key<K: DedupeKey>(
     }
 }
 
+/// `<namespace>#<key>` for an already computed key (`None` stays `None`: fail open).
+/// What the code `#[idempotent(key = ...)]` generates calls, with the envelope's URN or
+/// the literal of `namespace = "..."` (checked at compile time: non-empty, no `#`).
+///
+/// ```
+/// use babelqueue_core::namespace::scoped_key;
+/// assert_eq!(scoped_key("urn:babel:payments:refund", Some("pay_7f3a".into())).as_deref(),
+///            Some("urn:babel:payments:refund#pay_7f3a"));
+/// assert_eq!(scoped_key("billing", None), None);
+/// ```
+pub fn scoped_key(namespace: &str, key: Option<String>) -> Option<String> {
+    let key = key?;
+    let mut out = String::with_capacity(namespace.len() + 1 + key.len());
+    out.push_str(namespace);
+    out.push(SEPARATOR);
+    out.push_str(&key);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,3 +46,55 @@ pub fn report(outcome: Outcome) -> Outcome {
 pub fn report_skipped(key: &str) -> Outcome {
     crate::guard::skipped(key)
 }
+
+/// A store that can run a handler in one transaction with the id's row, blocking (the
+/// SQLite store). The uniform entry point generated code and generic code call; users
+/// call the store's own `transaction*` methods.
+pub trait TransactionalStore {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// What the handler receives: the open transaction.
+    type Tx<'c>;
+
+    /// Runs `handler` in a transaction with the row of `key` (`None`: no usable key, run
+    /// it without a row), keeping the row for `ttl` (`None`: the store's retention) and
+    /// storing `fingerprint` with it if given. `Ok(Err(mismatch))`: a duplicate whose
+    /// stored fingerprint differs (the handler did not run).
+    #[allow(clippy::type_complexity)]
+    fn transaction_guard<F, R>(
+        &self,
+        key: Option<&str>,
+        ttl: Option<std::time::Duration>,
+        fingerprint: Option<crate::fingerprint::Fingerprint>,
+        handler: F,
+    ) -> Result<Result<Outcome, crate::fingerprint::PayloadMismatch>, R::Error>
+    where
+        F: FnOnce(&Self::Tx<'_>) -> R,
+        R: crate::guard::HandlerResult,
+        Self::Error: crate::store::IntoHandlerError<R::Error>;
+}
+
+/// The async counterpart of [`TransactionalStore`] (the PostgreSQL store): the handler is
+/// an async closure receiving the transaction.
+pub trait AsyncTransactionalStore: Send + Sync {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// What the handler receives: the open transaction.
+    type Tx<'c>;
+
+    /// See [`TransactionalStore::transaction_guard`].
+    #[allow(clippy::type_complexity)]
+    fn transaction_guard<F, R>(
+        &self,
+        key: Option<&str>,
+        ttl: Option<std::time::Duration>,
+        fingerprint: Option<crate::fingerprint::Fingerprint>,
+        handler: F,
+    ) -> impl std::future::Future<
+        Output = Result<Result<Outcome, crate::fingerprint::PayloadMismatch>, R::Error>,
+    >
+    where
+        F: AsyncFnOnce(&Self::Tx<'_>) -> R,
+        R: crate::guard::HandlerResult,
+        Self::Error: crate::store::IntoHandlerError<R::Error>;
+}

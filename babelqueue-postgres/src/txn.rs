@@ -292,3 +292,28 @@ mod tests {
         assert!(s.purge_batch.contains("SKIP LOCKED"));
     }
 }
+
+/// The uniform entry point of generated code (`#[idempotent(transactional)]`); see
+/// [`PostgresStore::transaction`] for the behaviour.
+impl babelqueue_core::txn::AsyncTransactionalStore for PostgresStore {
+    type Error = PostgresStoreError;
+    type Tx<'c> = Transaction<'c>;
+
+    async fn transaction_guard<F, R>(
+        &self,
+        key: Option<&str>,
+        ttl: Option<Duration>,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<Result<Outcome, PayloadMismatch>, R::Error>
+    where
+        F: AsyncFnOnce(&Transaction<'_>) -> R,
+        R: HandlerResult,
+        PostgresStoreError: IntoHandlerError<R::Error>,
+    {
+        Ok(match self.run(key, ttl, fingerprint, handler).await? {
+            TxEnd::Done(outcome) => Ok(outcome),
+            TxEnd::Mismatch(m) => Err(m),
+        })
+    }
+}

@@ -355,6 +355,32 @@ impl SqliteStore {
     }
 }
 
+/// The uniform entry point of generated code (`#[idempotent(transactional)]`); see
+/// [`SqliteStore::transaction`] for the behaviour.
+impl babelqueue_core::txn::TransactionalStore for SqliteStore {
+    type Error = SqliteStoreError;
+    type Tx<'c> = Transaction<'c>;
+
+    fn transaction_guard<F, R>(
+        &self,
+        key: Option<&str>,
+        ttl: Option<Duration>,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<Result<Outcome, PayloadMismatch>, R::Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> R,
+        R: HandlerResult,
+        SqliteStoreError: IntoHandlerError<R::Error>,
+    {
+        match self.inner.run(key, ttl, fingerprint, handler) {
+            Ok(TxEnd::Done(outcome)) => Ok(Ok(outcome)),
+            Ok(TxEnd::Mismatch(m)) => Ok(Err(m)),
+            Err(f) => Err(f.into_error()),
+        }
+    }
+}
+
 /// Fingerprints (opt-in): the row's nullable `fingerprint` column holds `sha256:<hex>`.
 impl FingerprintStore for SqliteStore {
     fn lookup(&self, id: &str) -> Result<Lookup, SqliteStoreError> {
