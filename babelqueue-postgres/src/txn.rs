@@ -277,22 +277,6 @@ impl PostgresStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statements_bind_ids_and_name_the_table() {
-        let s = Statements::new(&TableName::parse("app.t").unwrap());
-        for sql in [&s.claim, &s.lookup, &s.purge_batch] {
-            assert!(sql.contains("\"app\".\"t\""), "{sql}");
-        }
-        assert!(s.claim.contains("VALUES ($1"));
-        assert!(s.lookup.contains("message_id = $1"));
-        assert!(s.purge_batch.contains("SKIP LOCKED"));
-    }
-}
-
 /// The uniform entry point of generated code (`#[idempotent(transactional)]`); see
 /// [`PostgresStore::transaction`] for the behaviour.
 impl babelqueue_core::txn::AsyncTransactionalStore for PostgresStore {
@@ -315,5 +299,21 @@ impl babelqueue_core::txn::AsyncTransactionalStore for PostgresStore {
             TxEnd::Done(outcome) => Ok(outcome),
             TxEnd::Mismatch(m) => Err(m),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_bind_ids_and_name_the_table() {
+        let s = Statements::new(&TableName::parse("app.t").unwrap());
+        for sql in [&s.claim, &s.lookup, &s.purge_batch] {
+            assert!(sql.contains("\"app\".\"t\""), "{sql}");
+        }
+        assert!(s.claim.contains("VALUES ($1"));
+        assert!(s.lookup.contains("message_id = $1"));
+        assert!(s.purge_batch.contains("SKIP LOCKED"));
     }
 }
