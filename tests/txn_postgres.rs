@@ -329,3 +329,23 @@ async fn a_consumer_killed_before_the_commit_leaves_one_ledger_row_after_the_red
     assert_eq!(fx.rows("pay_7f3a").await, 1, "exactly one ledger row");
     fx.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_store_error_and_the_handler_does_not_run() {
+    let store = PostgresStore::builder("postgres://postgres@127.0.0.1:1/test")
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let env = payment("pay_down");
+    let mut ran = false;
+    let err = store
+        .transaction(&env, async |_tx| {
+            ran = true;
+            Ok::<(), PostgresStoreError>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PostgresStoreError::Pool(_)), "{err:?}");
+    assert!(!ran, "no transaction, no handler");
+}

@@ -228,3 +228,31 @@ fn a_consumer_killed_before_the_commit_leaves_one_ledger_row_after_the_redeliver
     }
     assert_eq!(rows(&store, "pay_7f3a"), 1, "exactly one ledger row");
 }
+
+#[test]
+fn a_file_locked_past_the_busy_timeout_is_a_store_error_and_the_handler_does_not_run() {
+    let db = TempDb::new("txn-busy");
+    let store = SqliteStore::builder(&db.0)
+        .busy_timeout(Duration::from_millis(50))
+        .open()
+        .unwrap();
+    // Another process (here: another connection) holds the write lock.
+    let other = rusqlite::Connection::open(&db.0).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let env = payment("pay_busy");
+    let mut ran = false;
+    let err = store
+        .transaction(&env, |_tx| -> Result<(), SqliteStoreError> {
+            ran = true;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, SqliteStoreError::Sqlite(_)), "{err:?}");
+    assert!(!ran);
+    other.execute_batch("ROLLBACK").unwrap();
+    // Once the lock is free, the delivery runs.
+    let out = store
+        .transaction(&env, |_tx| -> Result<(), SqliteStoreError> { Ok(()) })
+        .unwrap();
+    assert_eq!(out, Outcome::Ran);
+}

@@ -98,3 +98,37 @@ pub trait AsyncTransactionalStore: Send + Sync {
         R: crate::guard::HandlerResult,
         Self::Error: crate::store::IntoHandlerError<R::Error>;
 }
+
+/// Runs one store call of a transactional guard (`BEGIN`, the id's claim, `COMMIT`): the
+/// single place where such a call's failure is told apart from the handler's own failure.
+/// A failure here is the store's (unreachable, timed out), not the message's: the
+/// runtime should put the message back without counting an attempt. For store
+/// implementations of [`TransactionalStore`] / [`AsyncTransactionalStore`].
+///
+/// (Today it only runs `fut`; the consume runtime's typed store-unavailable marker hooks
+/// in here, as it does in the seen-set guards.)
+pub async fn store_call<T, E, F>(key: Option<&str>, fut: F) -> Result<T, E>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let out = fut.await;
+    if out.is_err() {
+        tracing::debug!(
+            key = key.unwrap_or(""),
+            "transactional guard: store call failed"
+        );
+    }
+    out
+}
+
+/// The blocking counterpart of [`store_call`].
+pub fn store_call_sync<T, E>(key: Option<&str>, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let out = f();
+    if out.is_err() {
+        tracing::debug!(
+            key = key.unwrap_or(""),
+            "transactional guard: store call failed"
+        );
+    }
+    out
+}

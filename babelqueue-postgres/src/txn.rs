@@ -219,55 +219,60 @@ impl PostgresStore {
         PostgresStoreError: IntoHandlerError<R::Error>,
     {
         let key = key.dedupe_key();
-        let mut client = self.pool.get().await.map_err(store_err)?;
-        let tx = client.transaction().await.map_err(store_err)?;
-        let Some(key) = key else {
-            return match handler(&tx).await.into_result() {
-                Ok(()) => {
-                    tx.commit().await.map_err(store_err)?;
-                    Ok(TxEnd::Done(txn::report(Outcome::RanWithoutKey)))
-                }
-                Err(e) => {
+        let k = key.as_deref();
+        // Every store call goes through `txn::store_call`: its failure is the store's,
+        // not the message's.
+        let mut client = txn::store_call(k, async {
+            Ok::<_, PostgresStoreError>(self.pool.get().await?)
+        })
+        .await
+        .map_err(store_err)?;
+        let tx = txn::store_call(k, async {
+            Ok::<_, PostgresStoreError>(client.transaction().await?)
+        })
+        .await
+        .map_err(store_err)?;
+        let outcome = match k {
+            None => Outcome::RanWithoutKey,
+            Some(key) => {
+                // `None`: this transaction claimed the row; `Some(lookup)`: a duplicate.
+                let duplicate = txn::store_call(k, async {
+                    let ttl_ms = ttl.or(self.ttl).map(millis);
+                    let fp_text = fingerprint.map(|f| f.to_string());
+                    let claim = tx.prepare_cached(&self.ext.claim).await?;
+                    if !tx
+                        .query(&claim, &[&key, &ttl_ms, &fp_text])
+                        .await?
+                        .is_empty()
+                    {
+                        return Ok::<_, PostgresStoreError>(None);
+                    }
+                    if fingerprint.is_none() {
+                        return Ok(Some(Lookup::Seen { fingerprint: None }));
+                    }
+                    let lookup = tx.prepare_cached(&self.ext.lookup).await?;
+                    Ok(Some(lookup_of(&tx.query(&lookup, &[&key]).await?)?))
+                })
+                .await
+                .map_err(store_err)?;
+                if let Some(found) = duplicate {
                     let _ = tx.rollback().await;
-                    Err(e)
+                    if let Some(received) = fingerprint
+                        && let Err(m) = fingerprint::check(key, found, &received)
+                    {
+                        return Ok(TxEnd::Mismatch(m));
+                    }
+                    return Ok(TxEnd::Done(txn::report_skipped(key)));
                 }
-            };
-        };
-        let ttl_ms = ttl.or(self.ttl).map(millis);
-        let fp_text = fingerprint.map(|f| f.to_string());
-        let claim = tx
-            .prepare_cached(&self.ext.claim)
-            .await
-            .map_err(store_err)?;
-        let claimed = !tx
-            .query(&claim, &[&&*key, &ttl_ms, &fp_text])
-            .await
-            .map_err(store_err)?
-            .is_empty();
-        if !claimed {
-            let found = match fingerprint {
-                Some(_) => {
-                    let lookup = tx
-                        .prepare_cached(&self.ext.lookup)
-                        .await
-                        .map_err(store_err)?;
-                    let rows = tx.query(&lookup, &[&&*key]).await.map_err(store_err)?;
-                    lookup_of(&rows).map_err(store_err)?
-                }
-                None => Lookup::Seen { fingerprint: None },
-            };
-            let _ = tx.rollback().await;
-            if let Some(received) = fingerprint
-                && let Err(m) = fingerprint::check(&key, found, &received)
-            {
-                return Ok(TxEnd::Mismatch(m));
+                Outcome::Ran
             }
-            return Ok(TxEnd::Done(txn::report_skipped(&key)));
-        }
+        };
         match handler(&tx).await.into_result() {
             Ok(()) => {
-                tx.commit().await.map_err(store_err)?;
-                Ok(TxEnd::Done(txn::report(Outcome::Ran)))
+                txn::store_call(k, async { Ok::<_, PostgresStoreError>(tx.commit().await?) })
+                    .await
+                    .map_err(store_err)?;
+                Ok(TxEnd::Done(txn::report(outcome)))
             }
             Err(e) => {
                 let _ = tx.rollback().await;

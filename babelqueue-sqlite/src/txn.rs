@@ -144,34 +144,39 @@ impl Inner {
         R: HandlerResult,
     {
         let mut conn = self.acquire();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(Failure::store)?;
+        // Every store call goes through `txn::store_call_sync`: its failure is the
+        // store's (busy past the timeout, disk), not the message's.
+        let tx = txn::store_call_sync(key, || {
+            conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        })
+        .map_err(Failure::store)?;
         let now = now_ms();
         if let Some(key) = key {
-            match state(&tx, &self.ext, key, now).map_err(Failure::store)? {
-                Lookup::Seen { fingerprint: found } => {
-                    drop(tx); // rolls back: nothing was written
-                    if let Some(received) = fingerprint
-                        && let Err(m) =
-                            fingerprint::check(key, Lookup::Seen { fingerprint: found }, &received)
-                    {
-                        return Ok(TxEnd::Mismatch(m));
-                    }
-                    return Ok(TxEnd::Done(txn::report_skipped(key)));
-                }
-                Lookup::Unseen => {
+            let found = txn::store_call_sync(Some(key), || {
+                let found = state(&tx, &self.ext, key, now)?;
+                if found == Lookup::Unseen {
                     let expires = ttl.or(self.ttl).map(|t| deadline(now, t));
                     let fp = fingerprint.map(|f| f.to_string());
-                    tx.prepare_cached(&self.ext.claim)
-                        .and_then(|mut s| s.execute(params![key, now, expires, fp]))
-                        .map_err(Failure::store)?;
+                    tx.prepare_cached(&self.ext.claim)?
+                        .execute(params![key, now, expires, fp])?;
                 }
+                Ok::<_, rusqlite::Error>(found)
+            })
+            .map_err(Failure::store)?;
+            if let Lookup::Seen { fingerprint: found } = found {
+                drop(tx); // rolls back: nothing was written
+                if let Some(received) = fingerprint
+                    && let Err(m) =
+                        fingerprint::check(key, Lookup::Seen { fingerprint: found }, &received)
+                {
+                    return Ok(TxEnd::Mismatch(m));
+                }
+                return Ok(TxEnd::Done(txn::report_skipped(key)));
             }
         }
         match handler(&tx).into_result() {
             Ok(()) => {
-                tx.commit().map_err(Failure::store)?;
+                txn::store_call_sync(key, || tx.commit()).map_err(Failure::store)?;
                 let outcome = if key.is_some() {
                     Outcome::Ran
                 } else {
