@@ -256,3 +256,22 @@ fn a_file_locked_past_the_busy_timeout_is_a_store_error_and_the_handler_does_not
         .unwrap();
     assert_eq!(out, Outcome::Ran);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_fingerprint_variant_refuses_another_payload() {
+    let db = TempDb::new("txn-async-fp");
+    let store = open(&db);
+    let run = |env: Envelope| {
+        let key = babelqueue::namespace::handler_key(&env, None, &env.data["payment_id"]);
+        let fp = Fingerprint::of_envelope(&env);
+        store.transaction_async_fingerprint(key, fp, None, move |tx| {
+            write_ledger(tx, &env).map_err(BoxError::from)
+        })
+    };
+    assert_eq!(run(payment("pay_afp")).await.unwrap(), Outcome::Ran);
+    assert_eq!(run(payment("pay_afp")).await.unwrap(), Outcome::Skipped);
+    let mut other = payment("pay_afp");
+    other.data["amount"] = json!(1);
+    assert!(run(other).await.unwrap_err().is::<PayloadMismatch>());
+    assert_eq!(rows(&store, "pay_afp"), 1);
+}

@@ -126,7 +126,9 @@ impl PostgresStore {
     ///
     /// The transaction runs at the pool's default isolation (READ COMMITTED unless the
     /// server is configured otherwise); it holds one pooled connection for the whole
-    /// handler.
+    /// handler, and a delivery waiting on the row of a running one holds one too (size
+    /// the pool for it). A row held in flight by a lease-mode handler counts as seen
+    /// (skipped), as it does for every seen-set reader of the table.
     ///
     /// ```no_run
     /// use babelqueue_core::{Envelope, Outcome};

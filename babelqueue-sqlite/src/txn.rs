@@ -330,21 +330,59 @@ impl SqliteStore {
         R::Error: Send + 'static,
         SqliteStoreError: IntoHandlerError<R::Error>,
     {
+        match self.spawn_run(key, ttl, None, handler).await? {
+            TxEnd::Done(outcome) => Ok(outcome),
+            TxEnd::Mismatch(_) => unreachable!("no fingerprint was given"),
+        }
+    }
+
+    /// [`transaction_async`](Self::transaction_async) storing and checking a payload
+    /// fingerprint, as [`transaction_fingerprint`](Self::transaction_fingerprint) does.
+    pub async fn transaction_async_fingerprint<K, F, R>(
+        &self,
+        key: K,
+        fingerprint: Fingerprint,
+        ttl: Option<Duration>,
+        handler: F,
+    ) -> Result<Outcome, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce(&Transaction<'_>) -> R + Send + 'static,
+        R: HandlerResult + Send + 'static,
+        R::Error: Send + 'static + From<PayloadMismatch>,
+        SqliteStoreError: IntoHandlerError<R::Error>,
+    {
+        match self.spawn_run(key, ttl, Some(fingerprint), handler).await? {
+            TxEnd::Done(outcome) => Ok(outcome),
+            TxEnd::Mismatch(m) => Err(m.into()),
+        }
+    }
+
+    async fn spawn_run<K, F, R>(
+        &self,
+        key: K,
+        ttl: Option<Duration>,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<TxEnd, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce(&Transaction<'_>) -> R + Send + 'static,
+        R: HandlerResult + Send + 'static,
+        R::Error: Send + 'static,
+        SqliteStoreError: IntoHandlerError<R::Error>,
+    {
         let key = key.dedupe_key().map(std::borrow::Cow::into_owned);
         let inner = std::sync::Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || {
-            // The outcome is recorded on the blocking thread; report it again here, in
-            // the caller's task, for `capture_outcome`.
-            inner
-                .run(key.as_deref(), ttl, None, handler)
-                .map(|end| match end {
-                    TxEnd::Done(o) => o,
-                    TxEnd::Mismatch(_) => unreachable!("no fingerprint was given"),
-                })
+            inner.run(key.as_deref(), ttl, fingerprint, handler)
         })
         .await;
         match joined {
-            Ok(Ok(outcome)) => Ok(txn::report(outcome)),
+            // The outcome was recorded on the blocking thread; record it again here, in
+            // the caller's task, for `capture_outcome`.
+            Ok(Ok(TxEnd::Done(outcome))) => Ok(TxEnd::Done(txn::report(outcome))),
+            Ok(Ok(mismatch)) => Ok(mismatch),
             Ok(Err(f)) => Err(f.into_error()),
             Err(e) => Err(SqliteStoreError::Task(e.to_string()).into_handler_error()),
         }
