@@ -70,8 +70,8 @@ impl PostgresStore {
     /// Starts a tokio task that deletes expired rows now and then every `every`, in
     /// batches of [`DEFAULT_PURGE_BATCH`] rows (one short statement each, so handlers'
     /// statements interleave and a large backlog never holds a long lock). A failed pass
-    /// is logged (`tracing::warn!`) and retried at the next interval. Needs a tokio
-    /// runtime. Runs while the returned [`Purger`] lives.
+    /// is logged (`tracing::warn!`) and retried at the next interval. Runs while the
+    /// returned [`Purger`] lives.
     ///
     /// Only rows whose `expires_at` has passed are deleted (every row this library writes
     /// has one, by default [`babelqueue_core::DEFAULT_RETENTION`] ahead); rows without an
@@ -84,6 +84,10 @@ impl PostgresStore {
     /// # drop(purger);
     /// # }
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime (it spawns a task, like `tokio::spawn`).
     pub fn spawn_purger(&self, every: Duration) -> Purger {
         self.spawn_purger_with(every, DEFAULT_PURGE_BATCH)
     }

@@ -46,6 +46,10 @@ impl Purger {
 
     /// Blocks until at least `passes` passes have completed (successfully or not).
     pub fn wait_for_passes(&self, passes: u64) -> PurgeReport {
+        if self.thread.is_none() {
+            // The thread could not be started (logged): no pass will ever come.
+            return self.report();
+        }
         let (lock, cond) = &*self.shared;
         let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
         cond.wait_while(guard, |r| r.passes < passes)
