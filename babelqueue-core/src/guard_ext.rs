@@ -13,8 +13,31 @@ use crate::fingerprint::{
     AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_async_fingerprint,
     guard_fingerprint,
 };
+use crate::guard::{HandlerResult, Outcome};
 use crate::macro_support::{IdempotentReturn, StoreErrorFits};
 use crate::txn::{AsyncTransactionalStore, TransactionalStore};
+
+/// Turns a guard's answer back into the handler's return value (`()` or
+/// `Result<(), E>`), independently of how `macro_support` spells the same conversion.
+pub trait GuardReturn: HandlerResult + Sized {
+    /// The handler's value for the guard's answer.
+    fn from_outcome(result: Result<Outcome, Self::Error>) -> Self;
+}
+
+impl GuardReturn for () {
+    fn from_outcome(result: Result<Outcome, std::convert::Infallible>) -> Self {
+        match result {
+            Ok(_) => (),
+            Err(never) => match never {},
+        }
+    }
+}
+
+impl<E> GuardReturn for Result<(), E> {
+    fn from_outcome(result: Result<Outcome, E>) -> Self {
+        result.map(|_| ())
+    }
+}
 
 /// A handler error that can report a payload mismatch (`fingerprint`).
 #[diagnostic::on_unimplemented(
@@ -27,11 +50,11 @@ pub trait AcceptsPayloadMismatch: From<PayloadMismatch> {}
 #[diagnostic::do_not_recommend]
 impl<E: From<PayloadMismatch>> AcceptsPayloadMismatch for E {}
 
-fn mismatch<R: IdempotentReturn>(m: PayloadMismatch) -> R
+fn mismatch<R: GuardReturn>(m: PayloadMismatch) -> R
 where
     R::Error: From<PayloadMismatch>,
 {
-    R::from_guard(Err(m.into()))
+    R::from_outcome(Err(m.into()))
 }
 
 /// The fingerprinting guard of a sync `#[idempotent(fingerprint)]` handler.
@@ -54,7 +77,7 @@ pub trait SyncFingerprintGuard<R> {
 impl<S, R> SyncFingerprintGuard<R> for S
 where
     S: FingerprintStore + ?Sized,
-    R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
+    R: IdempotentReturn<Error: AcceptsPayloadMismatch> + GuardReturn,
     S::Error: StoreErrorFits<R::Kind>,
 {
     fn guard<F: FnOnce() -> R>(
@@ -64,7 +87,7 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        R::from_guard(guard_fingerprint(self, key, fingerprint, ttl, body))
+        R::from_outcome(guard_fingerprint(self, key, fingerprint, ttl, body))
     }
 }
 
@@ -88,7 +111,7 @@ pub trait AsyncFingerprintGuard<R> {
 impl<S, R> AsyncFingerprintGuard<R> for S
 where
     S: AsyncFingerprintStore + ?Sized,
-    R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
+    R: IdempotentReturn<Error: AcceptsPayloadMismatch> + GuardReturn,
     S::Error: StoreErrorFits<R::Kind>,
 {
     async fn guard<Fut: Future<Output = R>>(
@@ -98,7 +121,7 @@ where
         ttl: Option<Duration>,
         body: Fut,
     ) -> R {
-        R::from_guard(guard_async_fingerprint(self, key, fingerprint, ttl, body).await)
+        R::from_outcome(guard_async_fingerprint(self, key, fingerprint, ttl, body).await)
     }
 }
 
@@ -136,7 +159,7 @@ pub trait SyncTxGuard<R> {
 impl<S, R> SyncTxGuard<R> for S
 where
     S: TransactionalStore + ?Sized,
-    R: IdempotentReturn,
+    R: IdempotentReturn + GuardReturn,
     S::Error: StoreErrorFits<R::Kind>,
 {
     type Tx<'c> = S::Tx<'c>;
@@ -148,9 +171,9 @@ where
         body: F,
     ) -> R {
         match self.transaction_guard(key.as_deref(), ttl, None, body) {
-            Ok(Ok(outcome)) => R::from_guard(Ok(outcome)),
+            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
             Ok(Err(_)) => unreachable!("no fingerprint was given"),
-            Err(e) => R::from_guard(Err(e)),
+            Err(e) => R::from_outcome(Err(e)),
         }
     }
 
@@ -165,9 +188,9 @@ where
         R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
     {
         match self.transaction_guard(key.as_deref(), ttl, Some(fingerprint), body) {
-            Ok(Ok(outcome)) => R::from_guard(Ok(outcome)),
+            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
             Ok(Err(m)) => mismatch(m),
-            Err(e) => R::from_guard(Err(e)),
+            Err(e) => R::from_outcome(Err(e)),
         }
     }
 }
@@ -206,7 +229,7 @@ pub trait AsyncTxGuard<R> {
 impl<S, R> AsyncTxGuard<R> for S
 where
     S: AsyncTransactionalStore + ?Sized,
-    R: IdempotentReturn,
+    R: IdempotentReturn + GuardReturn,
     S::Error: StoreErrorFits<R::Kind>,
 {
     type Tx<'c> = S::Tx<'c>;
@@ -221,9 +244,9 @@ where
             .transaction_guard(key.as_deref(), ttl, None, body)
             .await
         {
-            Ok(Ok(outcome)) => R::from_guard(Ok(outcome)),
+            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
             Ok(Err(_)) => unreachable!("no fingerprint was given"),
-            Err(e) => R::from_guard(Err(e)),
+            Err(e) => R::from_outcome(Err(e)),
         }
     }
 
@@ -241,9 +264,9 @@ where
             .transaction_guard(key.as_deref(), ttl, Some(fingerprint), body)
             .await
         {
-            Ok(Ok(outcome)) => R::from_guard(Ok(outcome)),
+            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
             Ok(Err(m)) => mismatch(m),
-            Err(e) => R::from_guard(Err(e)),
+            Err(e) => R::from_outcome(Err(e)),
         }
     }
 }
