@@ -164,8 +164,10 @@ async fn go_sees(c: &tokio_postgres::Client, t: &str, id: &str) -> bool {
 }
 
 async fn store_on(table: &str) -> PostgresStore {
+    // Kept forever, as the Go SDK writes by default: these tests pin its exact rows.
     let store = PostgresStore::builder(url())
         .table(table)
+        .keep_forever()
         .connect()
         .await
         .expect(NEEDS_PG);
@@ -207,6 +209,8 @@ async fn migrate_creates_exactly_the_spec_table_concurrently_and_idempotently()
         ("expires_at", "timestamp with time zone", "YES"),
         ("lease_token", "text", "YES"),
         ("lease_expires_at", "timestamp with time zone", "YES"),
+        ("fingerprint", "text", "YES"),
+        ("fingerprint_at", "timestamp with time zone", "YES"),
     ];
     assert_eq!(
         cols,

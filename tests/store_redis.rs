@@ -102,7 +102,7 @@ fn unique_id() -> String {
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 async fn remember_writes_exactly_the_spec_key_and_value() -> Result<(), RedisStoreError> {
     // The default prefix, as every SDK uses it; unique ids keep parallel runs apart.
-    let store = RedisStore::connect(&url()).await?;
+    let store = RedisStore::builder(url()).keep_forever().connect().await?; // no PX, as Go writes by default
     let mut conn = raw().await;
     let (plain, with_ttl) = (unique_id(), unique_id());
 
@@ -180,7 +180,7 @@ async fn a_key_written_the_go_way_is_seen_and_never_claimed() -> Result<(), Redi
 #[tokio::test]
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 async fn lease_states_as_another_sdk_sees_them() -> Result<(), RedisStoreError> {
-    let store = RedisStore::connect(&url()).await?;
+    let store = RedisStore::builder(url()).keep_forever().connect().await?; // no PX, as Go writes by default
     let mut conn = raw().await;
     let id = unique_id();
     let key = format!("bq:idemp:{id}");

@@ -156,13 +156,13 @@ pub fn capture_outcome_sync<T>(f: impl FnOnce() -> T) -> (T, Option<Outcome>) {
     (out, got)
 }
 
-fn skipped(key: &str) -> Outcome {
+pub(crate) fn skipped(key: &str) -> Outcome {
     tracing::debug!(key, "duplicate skipped: already processed");
     record(Outcome::Skipped);
     Outcome::Skipped
 }
 
-fn remember_failed(key: &str, err: &dyn std::error::Error) {
+pub(crate) fn remember_failed(key: &str, err: &dyn std::error::Error) {
     tracing::warn!(
         key,
         error = %err,
@@ -170,7 +170,7 @@ fn remember_failed(key: &str, err: &dyn std::error::Error) {
     );
 }
 
-fn done(outcome: Outcome) -> Outcome {
+pub(crate) fn done(outcome: Outcome) -> Outcome {
     record(outcome);
     outcome
 }

@@ -29,19 +29,24 @@
 pub mod dyn_store;
 pub mod envelope;
 pub mod extract;
+pub mod fingerprint;
 pub mod guard;
+mod guard_ext;
 pub mod handler;
 mod inflight;
 pub mod key;
 pub mod lease;
 pub mod macro_support;
 pub mod memory;
+pub mod namespace;
+pub mod retention;
 pub mod runtime;
 pub mod sql;
 pub mod store;
 pub mod store_error;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod txn;
 
 pub use dyn_store::{DynStore, DynStoreError};
 pub use envelope::{
@@ -49,6 +54,10 @@ pub use envelope::{
     SCHEMA_VERSION, now_millis,
 };
 pub use extract::{Attempts, FromEnvelope, Json, MissingState, PayloadError, State, StateMap};
+pub use fingerprint::{
+    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_async_fingerprint,
+    guard_fingerprint,
+};
 pub use guard::{
     HandlerResult, Outcome, capture_outcome, capture_outcome_sync, guard, guard_async,
     guard_async_ttl, guard_lease, guard_lease_async, guard_lease_async_report, guard_lease_report,
@@ -63,6 +72,8 @@ pub use lease::{
     LeasedOutcome, current_fencing_token,
 };
 pub use memory::{InMemoryStore, InMemoryStoreBuilder};
+pub use namespace::Namespace;
+pub use retention::DEFAULT_RETENTION;
 pub use runtime::{App, InMemoryTransport, Stats, Transport, TransportError, UnknownUrnStrategy};
 pub use store::{AsyncStore, IntoHandlerError, Store};
 pub use store_error::{StoreUnavailable, UnavailableKind};
@@ -73,16 +84,23 @@ pub use store_error::{StoreUnavailable, UnavailableKind};
 pub mod __private {
     pub use crate::envelope::Envelope;
     pub use crate::extract::{FromEnvelope, StateMap};
+    pub use crate::fingerprint::{
+        AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
+        guard_async_fingerprint, guard_fingerprint,
+    };
     pub use crate::guard::{
         HandlerResult, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
     };
+    pub use crate::guard_ext::*;
     pub use crate::handler::{
         BoxFuture, Handler, HandlerOutput, TypedHandler, run_async, run_sync,
     };
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;
+    pub use crate::namespace::{Namespace, handler_key, scoped_key};
     pub use crate::store::{AsyncStore, IntoHandlerError, Store};
+    pub use crate::txn::{AsyncTransactionalStore, TransactionalStore};
     pub use ::core;
     pub use ::std;
 }

@@ -12,7 +12,9 @@ use tokio::time::Instant;
 
 use hashbrown::HashTable;
 
+use crate::fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, Lookup};
 use crate::lease::{AsyncLeaseStore, Claim, LeaseStore, LeaseToken};
+use crate::retention::DEFAULT_RETENTION;
 use crate::store::{AsyncStore, Store};
 
 /// Capacities below this use one shard, so "oldest first" eviction is exact.
@@ -31,7 +33,8 @@ const DEAD: u64 = u64::MAX;
 ///   I/O).
 /// * **Concurrent**: ids are spread over independent shards (32 by default), each behind
 ///   its own mutex, so many threads do not contend on one lock.
-/// * **Bounded**: an optional TTL (a remembered id stops being seen after it) and an
+/// * **Bounded**: a TTL (a remembered id stops being seen after it; by default
+///   [`DEFAULT_RETENTION`], 7 days; [`InMemoryStoreBuilder::keep_forever`] for none) and an
 ///   optional capacity (the oldest ids are evicted first), so a consumer running for
 ///   months does not grow without limit. With a capacity below 4096 the store uses a single
 ///   shard and eviction is exactly oldest-first; above, each shard holds
@@ -70,16 +73,32 @@ pub struct InMemoryStore {
 #[derive(Debug, Default, Clone)]
 pub struct InMemoryStoreBuilder {
     ttl: Option<Duration>,
+    forever: bool,
     capacity: Option<usize>,
     shards: Option<usize>,
 }
 
 impl InMemoryStoreBuilder {
-    /// How long a remembered id is seen (default: forever). `remember_for` overrides it
-    /// per id.
+    /// How long a remembered id is seen (default [`DEFAULT_RETENTION`], 7 days).
+    /// `remember_for` overrides it per id.
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self.forever = false;
+        self
+    }
+
+    /// Remembered ids never expire (only `capacity` and `forget` remove them).
+    ///
+    /// ```
+    /// let store = babelqueue_core::InMemoryStore::builder().keep_forever().build();
+    /// assert_eq!(store.ttl(), None);
+    /// assert_eq!(babelqueue_core::InMemoryStore::new().ttl(), Some(babelqueue_core::DEFAULT_RETENTION));
+    /// ```
+    #[must_use]
+    pub fn keep_forever(mut self) -> Self {
+        self.ttl = None;
+        self.forever = true;
         self
     }
 
@@ -108,7 +127,11 @@ impl InMemoryStoreBuilder {
         InMemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
-            ttl: self.ttl,
+            ttl: if self.forever {
+                None
+            } else {
+                Some(self.ttl.unwrap_or(DEFAULT_RETENTION))
+            },
             per_shard_capacity: self.capacity.map(|c| (c / shards).max(1)),
             epoch: Instant::now(),
             fences: AtomicU64::new(0),
@@ -212,6 +235,9 @@ struct Shard {
     /// `inflight` size at which expired claims (holders that died or finished too
     /// late) are swept, so abandoned claims do not accumulate.
     sweep_inflight_at: usize,
+    /// Payload fingerprints of the entries remembered with one, by sequence number
+    /// (empty, and free, when no handler uses fingerprints).
+    fingerprints: HashMap<u64, Fingerprint>,
 }
 
 impl Shard {
@@ -227,6 +253,9 @@ impl Shard {
     fn remove_index(&mut self, hash: u64, seq: u64) {
         if let Ok(e) = self.index.find_entry(hash, |&s| s == seq) {
             e.remove();
+        }
+        if !self.fingerprints.is_empty() {
+            self.fingerprints.remove(&seq);
         }
     }
 
@@ -297,6 +326,8 @@ impl Shard {
                 let hash = front.key.as_ref().hash_with(hasher);
                 let seq = self.base;
                 self.remove_index(hash, seq);
+            } else if !self.fingerprints.is_empty() {
+                self.fingerprints.remove(&self.base);
             }
             self.ring.pop_front();
             self.base += 1;
@@ -308,8 +339,9 @@ impl Shard {
 }
 
 impl InMemoryStore {
-    /// An unbounded store (no TTL, no capacity): right for tests and short-lived
-    /// processes. Use [`builder`](Self::builder) for a long-running consumer.
+    /// A store with the default retention ([`DEFAULT_RETENTION`], 7 days) and no
+    /// capacity: right for tests and short-lived processes. Use
+    /// [`builder`](Self::builder) to bound a long-running consumer.
     pub fn new() -> Self {
         InMemoryStoreBuilder::default().build()
     }
@@ -317,6 +349,11 @@ impl InMemoryStore {
     /// A builder for a bounded store.
     pub fn builder() -> InMemoryStoreBuilder {
         InMemoryStoreBuilder::default()
+    }
+
+    /// The default TTL of remembered ids (`None`: kept until evicted or forgotten).
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
     }
 
     /// A store whose ids expire after `ttl`.
@@ -408,6 +445,43 @@ impl InMemoryStore {
         let mut shard = self.shard(hash);
         shard.seen(hash, key, now)
             || (!shard.inflight.is_empty() && shard.inflight.get(id).is_some_and(|(_, d)| now < *d))
+    }
+
+    fn insert_fingerprint(&self, id: &str, fp: &Fingerprint, ttl: Option<Duration>) {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let expires = self.deadline(now, ttl);
+        let mut shard = self.shard(hash);
+        if shard.remember(
+            hash,
+            key,
+            expires,
+            now,
+            self.per_shard_capacity,
+            &self.hasher,
+        ) {
+            // The new entry is the last of the ring (eviction only pops the front).
+            let seq = shard.base + shard.ring.len() as u64 - 1;
+            shard.fingerprints.insert(seq, *fp);
+        }
+    }
+
+    fn find_fingerprint(&self, id: &str) -> Lookup {
+        let key = KeyRef::parse(id);
+        let hash = key.hash_with(&self.hasher);
+        let now = self.now();
+        let mut shard = self.shard(hash);
+        if shard.seen(hash, key, now) {
+            let fingerprint = shard
+                .find(hash, key)
+                .and_then(|seq| shard.fingerprints.get(&seq).copied());
+            return Lookup::Seen { fingerprint };
+        }
+        if shard.inflight.get(id).is_some_and(|(_, d)| now < *d) {
+            return Lookup::Seen { fingerprint: None };
+        }
+        Lookup::Unseen
     }
 
     fn remove(&self, id: &str) {
@@ -552,6 +626,38 @@ impl AsyncStore for InMemoryStore {
 
     fn forget(&self, id: &str) -> impl Future<Output = Result<(), Infallible>> + Send {
         self.remove(id);
+        std::future::ready(Ok(()))
+    }
+}
+
+impl FingerprintStore for InMemoryStore {
+    fn lookup(&self, id: &str) -> Result<Lookup, Infallible> {
+        Ok(self.find_fingerprint(id))
+    }
+
+    fn remember_fingerprint(
+        &self,
+        id: &str,
+        fingerprint: &Fingerprint,
+        ttl: Option<Duration>,
+    ) -> Result<(), Infallible> {
+        self.insert_fingerprint(id, fingerprint, ttl);
+        Ok(())
+    }
+}
+
+impl AsyncFingerprintStore for InMemoryStore {
+    fn lookup(&self, id: &str) -> impl Future<Output = Result<Lookup, Infallible>> + Send {
+        std::future::ready(Ok(self.find_fingerprint(id)))
+    }
+
+    fn remember_fingerprint(
+        &self,
+        id: &str,
+        fingerprint: &Fingerprint,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.insert_fingerprint(id, fingerprint, ttl);
         std::future::ready(Ok(()))
     }
 }
@@ -709,6 +815,43 @@ mod tests {
         assert!(!s.is_seen("dead-0"), "an expired claim is not seen");
         let left = lock(&s.shards[0]).inflight.len();
         assert!(left <= 128, "abandoned claims were not swept: {left} left");
+    }
+
+    #[test]
+    fn fingerprints_follow_their_entries() {
+        let s = InMemoryStore::builder().capacity(2).build();
+        let (a, b) = (Fingerprint::of_bytes(b"a"), Fingerprint::of_bytes(b"b"));
+        s.insert_fingerprint("x", &a, None);
+        s.insert("plain", None);
+        assert_eq!(
+            s.find_fingerprint("x"),
+            Lookup::Seen {
+                fingerprint: Some(a)
+            }
+        );
+        assert_eq!(
+            s.find_fingerprint("plain"),
+            Lookup::Seen { fingerprint: None }
+        );
+        assert_eq!(s.find_fingerprint("nope"), Lookup::Unseen);
+        // A live id is not rewritten (SET NX).
+        s.insert_fingerprint("x", &b, None);
+        assert_eq!(
+            s.find_fingerprint("x"),
+            Lookup::Seen {
+                fingerprint: Some(a)
+            }
+        );
+        // Forgotten, then remembered without one: no stale fingerprint.
+        s.remove("x");
+        s.insert("x", None);
+        assert_eq!(s.find_fingerprint("x"), Lookup::Seen { fingerprint: None });
+        // Evicted by capacity: its fingerprint goes with it.
+        s.insert_fingerprint("y", &b, None);
+        s.insert("z", None);
+        s.insert("w", None);
+        let left: usize = s.shards.iter().map(|sh| lock(sh).fingerprints.len()).sum();
+        assert_eq!(left, 0, "fingerprints of evicted entries must be dropped");
     }
 
     #[test]

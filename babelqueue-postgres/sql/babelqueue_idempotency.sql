@@ -34,6 +34,12 @@ ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS lease_expires_at TIM
 -- later claim of an id always carries a larger token than any earlier one (rows may be
 -- deleted and re-created; the sequence never goes back). Other SDKs never read it.
 CREATE SEQUENCE IF NOT EXISTS babelqueue_idempotency_fence_seq;
+-- Payload fingerprints (Rust SDK, opt-in), additive: `sha256:<hex>` of the canonical
+-- JSON of `data`, and the created_at it was written with. It counts only while
+-- fingerprint_at = created_at, so a row re-claimed later by an SDK that does not know
+-- this column (which rewrites created_at) reads as "no fingerprint", never a stale one.
+ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS fingerprint TEXT NULL;
+ALTER TABLE babelqueue_idempotency ADD COLUMN IF NOT EXISTS fingerprint_at TIMESTAMPTZ NULL;
 
 -- Housekeeping (purge_expired()): expired rows are already ignored, this reclaims space.
 --   DELETE FROM babelqueue_idempotency WHERE expires_at IS NOT NULL AND expires_at <= now();

@@ -35,10 +35,13 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod purge;
 mod store;
 mod table;
 pub mod tls;
+mod txn;
 
+pub use purge::{DEFAULT_PURGE_BATCH, PurgeReport, Purger};
 pub use store::{PostgresStore, PostgresStoreBuilder, PostgresStoreError};
 pub use table::{DDL, DEFAULT_TABLE, InvalidTableName, TableName};
 pub use tls::{SslMode, TlsError};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
+use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseToken};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
@@ -244,10 +244,12 @@ impl Statements {
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: Pool,
+    pub(crate) pool: Pool,
     table: TableName,
     sql: std::sync::Arc<Statements>,
-    ttl: Option<Duration>,
+    /// Statements of transactional mode, fingerprints and batched purges.
+    pub(crate) ext: std::sync::Arc<crate::txn::Statements>,
+    pub(crate) ttl: Option<Duration>,
     call_timeout: Duration,
 }
 
@@ -281,10 +283,18 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long a remembered id stays seen (default: forever).
+    /// How long a remembered id stays seen (default [`DEFAULT_RETENTION`], 7 days).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// Remembered ids never expire (`expires_at` NULL, as the other SDKs write by
+    /// default).
+    #[must_use]
+    pub fn keep_forever(mut self) -> Self {
+        self.ttl = None;
         self
     }
 
@@ -409,13 +419,13 @@ fn with_statement_timeout(config: &mut tokio_postgres::Config, timeout: Duration
     config.options(options);
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl PostgresStore {
     /// Connects to `url` (a `postgres://` URL or a `key=value` string) with the default
-    /// table and no TTL.
+    /// table and retention ([`DEFAULT_RETENTION`], 7 days).
     pub async fn connect(url: &str) -> Result<Self, PostgresStoreError> {
         Self::builder(url).connect().await
     }
@@ -425,7 +435,7 @@ impl PostgresStore {
         PostgresStoreBuilder {
             url: url.into(),
             table: crate::DEFAULT_TABLE.to_owned(),
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
             tls: crate::tls::TlsSettings::default(),
@@ -434,9 +444,9 @@ impl PostgresStore {
     }
 
     /// A store over a pool of your own (TLS connector, custom configuration), on
-    /// `table` (validated). Its connections keep their own settings (set
-    /// `statement_timeout` in them yourself); the client-side bound of a call is 5.5 s
-    /// ([`with_call_timeout`](Self::with_call_timeout)).
+    /// `table` (validated), with the default retention. Its connections keep their own
+    /// settings (set `statement_timeout` in them yourself); the client-side bound of a call
+    /// is 5.5 s ([`with_call_timeout`](Self::with_call_timeout)).
     pub fn from_pool(pool: Pool, table: &str) -> Result<Self, PostgresStoreError> {
         Ok(Self::from_pool_and_table(pool, TableName::parse(table)?))
     }
@@ -445,8 +455,9 @@ impl PostgresStore {
         PostgresStore {
             pool,
             sql: std::sync::Arc::new(Statements::new(&table)),
+            ext: std::sync::Arc::new(crate::txn::Statements::new(&table)),
             table,
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
             call_timeout: DEFAULT_STATEMENT_TIMEOUT + CLIENT_MARGIN,
         }
     }
@@ -530,7 +541,8 @@ impl PostgresStore {
                  AND to_regclass($3) IS NOT NULL \
                  AND (SELECT count(*) FROM pg_attribute \
                       WHERE attrelid = to_regclass($1) AND NOT attisdropped \
-                      AND attname IN ('lease_token', 'lease_expires_at')) = 2",
+                      AND attname IN ('lease_token', 'lease_expires_at', \
+                                      'fingerprint', 'fingerprint_at')) = 4",
                 &[
                     &self.table.sql(),
                     &self.table.qualified_index_sql(),
@@ -582,7 +594,7 @@ impl PostgresStore {
         }
     }
 
-    async fn query(
+    pub(crate) async fn query(
         &self,
         operation: &'static str,
         sql: &str,
@@ -606,7 +618,7 @@ impl PostgresStore {
         .await
     }
 
-    async fn execute(
+    pub(crate) async fn execute(
         &self,
         operation: &'static str,
         sql: &str,

@@ -4,7 +4,8 @@
 //!
 //! | state | key | value | expiry |
 //! | --- | --- | --- | --- |
-//! | completed (remembered) | `<prefix><meta.id>` (default prefix `bq:idemp:`) | `1` | none, or `PX <ttl>` |
+//! | completed (remembered) | `<prefix><meta.id>` (default prefix `bq:idemp:`) | `1` | `PX <ttl>` (default 7 days), or none |
+//! | completed with a payload fingerprint (Rust, opt-in) | the same key | `sha256:<hex>` | as above |
 //! | in flight (lease mode, Rust only) | the same key | `lease:<token>` | `PX <lease>` |
 //! | fencing counter (lease mode, Rust only) | [`fence_key`]: `{<key>}\0fence` | an integer, `INCR`ed by each claim | `PX` [`FENCE_RETENTION`] (7 days) after the last claim or renewal |
 //!
@@ -38,9 +39,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use babelqueue_core::fingerprint::{AsyncFingerprintStore, Fingerprint, Lookup};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseToken};
+use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseToken};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
@@ -250,11 +252,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a remembered id stays seen (default: forever). `remember_for` and the
-    /// guard's TTL override it per id.
+    /// How long a remembered id stays seen (default [`DEFAULT_RETENTION`], 7 days).
+    /// `remember_for` and the guard's TTL override it per id.
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// Remembered ids never expire (`SET key 1 NX` without `PX`).
+    #[must_use]
+    pub fn keep_forever(mut self) -> Self {
+        self.ttl = None;
         self
     }
 
@@ -321,7 +330,8 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl RedisStore {
-    /// Connects to `url` with the default prefix (`bq:idemp:`) and no TTL.
+    /// Connects to `url` with the default prefix (`bq:idemp:`) and retention
+    /// ([`DEFAULT_RETENTION`], 7 days).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), babelqueue_redis::RedisStoreError> {
@@ -337,7 +347,7 @@ impl RedisStore {
         RedisStoreBuilder {
             url: url.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
             connection_timeout: DEFAULT_TIMEOUT,
             response_timeout: DEFAULT_TIMEOUT,
             retries: DEFAULT_RETRIES,
@@ -356,7 +366,7 @@ impl RedisStore {
     }
 
     /// A store sharing an existing [`ConnectionManager`] (e.g. the transport's), with
-    /// the default prefix and no TTL.
+    /// the default prefix and retention ([`DEFAULT_RETENTION`]).
     pub fn from_manager(conn: ConnectionManager) -> Self {
         Self::from_connection(conn)
     }
@@ -367,7 +377,7 @@ impl RedisStore {
         RedisStore {
             conn: conn.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
         }
     }
 
@@ -420,9 +430,18 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self, id: &str, ttl: Option<Duration>) -> Result<bool, RedisStoreError> {
+        self.set_nx(id, "1", ttl).await
+    }
+
+    async fn set_nx(
+        &self,
+        id: &str,
+        value: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
         let mut cmd = redis::cmd("SET");
-        cmd.arg(self.key(id)).arg("1").arg("NX");
+        cmd.arg(self.key(id)).arg(value).arg("NX");
         if let Some(ttl) = ttl.or(self.ttl) {
             cmd.arg("PX").arg(millis(ttl));
         }
@@ -602,6 +621,35 @@ impl AsyncStore for RedisStore {
 
     fn forget(&self, id: &str) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
         self.del(id)
+    }
+}
+
+/// Fingerprints (opt-in): the key's value is `sha256:<hex>` instead of `1` (other SDKs
+/// only test the key's existence, so they still see the id as seen); a value that is
+/// not a fingerprint (`1`, `lease:…`) reads as "no fingerprint".
+impl AsyncFingerprintStore for RedisStore {
+    async fn lookup(&self, id: &str) -> Result<Lookup, RedisStoreError> {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(self.key(id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(match value {
+            None => Lookup::Unseen,
+            Some(v) => Lookup::Seen {
+                fingerprint: Fingerprint::parse(&v),
+            },
+        })
+    }
+
+    async fn remember_fingerprint(
+        &self,
+        id: &str,
+        fingerprint: &Fingerprint,
+        ttl: Option<Duration>,
+    ) -> Result<(), RedisStoreError> {
+        self.set_nx(id, &fingerprint.to_string(), ttl)
+            .await
+            .map(|_| ())
     }
 }
 

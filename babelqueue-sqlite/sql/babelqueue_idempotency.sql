@@ -15,7 +15,12 @@ CREATE TABLE IF NOT EXISTS babelqueue_idempotency (
     -- Lease mode: the holder's token while the id is in flight, else NULL. An in-flight
     -- row has expires_at = lease_expires_at = the lease deadline.
     lease_token       TEXT    NULL,
-    lease_expires_at  INTEGER NULL
+    lease_expires_at  INTEGER NULL,
+    -- Payload fingerprint (opt-in): `sha256:<hex>` of the canonical JSON of `data`, and
+    -- the created_at it was written with (it counts only while the two are equal).
+    -- Files created before these columns existed gain them on open.
+    fingerprint       TEXT    NULL,
+    fingerprint_at    INTEGER NULL
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS babelqueue_idempotency_expires_at_idx

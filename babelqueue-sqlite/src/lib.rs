@@ -43,8 +43,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, LeaseStore, LeaseToken, Store};
+use babelqueue_core::{
+    AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseStore, LeaseToken, Store,
+};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+mod purge;
+mod txn;
+
+pub use purge::{DEFAULT_PURGE_BATCH, PurgeReport, Purger};
 
 /// The default table name (the PostgreSQL table's name).
 pub const DEFAULT_TABLE: &str = "babelqueue_idempotency";
@@ -234,6 +241,8 @@ struct Inner {
     conns: Box<[Mutex<Connection>]>,
     next: AtomicUsize,
     sql: Statements,
+    /// Statements of transactional mode, fingerprints and batched purges.
+    ext: txn::Statements,
     table: String,
     path: PathBuf,
     ttl: Option<Duration>,
@@ -311,10 +320,17 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// How long a remembered id stays seen (default: forever).
+    /// How long a remembered id stays seen (default [`DEFAULT_RETENTION`], 7 days).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// Remembered ids never expire (`expires_at` NULL).
+    #[must_use]
+    pub fn keep_forever(mut self) -> Self {
+        self.ttl = None;
         self
     }
 
@@ -353,6 +369,7 @@ impl SqliteStoreBuilder {
                     .inspect_err(|_| {
                         let _ = conn.execute_batch("ROLLBACK");
                     })?;
+                txn::add_missing_columns(&conn, &table)?;
             }
             conns.push(Mutex::new(conn));
         }
@@ -361,6 +378,7 @@ impl SqliteStoreBuilder {
                 conns: conns.into_boxed_slice(),
                 next: AtomicUsize::new(0),
                 sql: Statements::new(&table),
+                ext: txn::Statements::new(&table),
                 table,
                 path: self.path,
                 ttl: self.ttl,
@@ -432,6 +450,20 @@ fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 }
 
 impl Inner {
+    /// A pooled connection: a free one if any, else waits for one.
+    fn acquire(&self) -> MutexGuard<'_, Connection> {
+        let n = self.conns.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        for i in 0..n {
+            match self.conns[(start + i) % n].try_lock() {
+                Ok(c) => return c,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        lock(&self.conns[start])
+    }
+
     /// Runs `f` on a free pooled connection, after checking `id` against the id rule.
     fn with_conn<T>(
         &self,
@@ -564,8 +596,9 @@ impl Inner {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store at `path` with the default table, no TTL
-    /// and [`DEFAULT_CONNECTIONS`] connections.
+    /// Opens (creating if needed) the store at `path` with the default table, the
+    /// default retention ([`DEFAULT_RETENTION`], 7 days) and [`DEFAULT_CONNECTIONS`]
+    /// connections.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, SqliteStoreError> {
         Self::builder(path).open()
     }
@@ -575,7 +608,7 @@ impl SqliteStore {
         SqliteStoreBuilder {
             path: path.as_ref().to_path_buf(),
             table: DEFAULT_TABLE.to_owned(),
-            ttl: None,
+            ttl: Some(DEFAULT_RETENTION),
             connections: DEFAULT_CONNECTIONS,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             synchronous_full: false,

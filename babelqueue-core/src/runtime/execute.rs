@@ -366,7 +366,8 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
                 // the same way on every delivery: dead-lettered at once, not retried.
                 Happened::Failed {
                     permanent: in_chain::<Permanent>(inner)
-                        || in_chain::<crate::extract::PayloadError>(inner),
+                        || in_chain::<crate::extract::PayloadError>(inner)
+                        || in_chain::<crate::fingerprint::PayloadMismatch>(inner),
                 }
             };
             Verdict {
