@@ -7,8 +7,8 @@
 //! One payment is published twice (identical bytes: a redelivery on the wire) to a Redis
 //! queue. A first consumer, a child process, writes the payment's ledger row and then
 //! dies (`std::process::abort`) before it can finish. A second consumer recovers the
-//! message the first one held (with `App::requeue_processing`: it is the only consumer
-//! left) and consumes what is left. Then the ledger is counted:
+//! message the first one held (its heartbeat expired: the runtime's recovery moves a dead
+//! consumer's in-flight messages back to the queue) and consumes what is left. Then the ledger is counted:
 //!
 //! * **transactional mode** (`PostgresStore::transaction`): the ledger row and the id's
 //!   row are written in one transaction; the crash came before the commit, so PostgreSQL
@@ -27,6 +27,7 @@
 
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
+use std::time::Duration;
 
 use babelqueue::postgres::{PostgresStore, PostgresStoreError};
 use babelqueue::redis::redis::{self, AsyncCommands};
@@ -124,6 +125,10 @@ fn wrote(consumer: u8, mode: Mode, env: &Envelope, crash: bool) {
     );
 }
 
+/// How long a consumer's heartbeat is valid: short, so the story does not wait long for
+/// the crashed consumer to be declared dead.
+const HEARTBEAT_TTL: Duration = Duration::from_millis(500);
+
 /// The charge handler of either mode; `crash` makes it abort right after its write.
 fn consumer_app(
     transport: RedisTransport,
@@ -134,8 +139,9 @@ fn consumer_app(
     crash: bool,
 ) -> App {
     let ledger: Arc<str> = Arc::from(setup.ledger.as_str());
-    App::new(transport)
+    App::new(transport.registration_ttl(HEARTBEAT_TTL))
         .queue(&setup.queue)
+        .heartbeat(HEARTBEAT_TTL / 5, HEARTBEAT_TTL)
         .route_async(CHARGE, move |env: Envelope| {
             let (store, ledger) = (store.clone(), ledger.clone());
             async move {
@@ -252,9 +258,14 @@ async fn round(mode: Mode, setup: &Setup) -> Result<i64, Box<dyn std::error::Err
 
     // Consumer 2: recovers what consumer 1 held, then consumes what is left.
     let app = consumer_app(transport, setup, store.clone(), mode, 2, false);
-    let recovered = app.requeue_processing().await?;
-    println!("[rust] consumer 2: recovered {recovered} in-flight message(s) of consumer 1");
-    app.drain().await?;
+    // Once consumer 1's heartbeat has expired, the drain's recovery (at start) moves the
+    // message it held back to the queue.
+    tokio::time::sleep(HEARTBEAT_TTL + Duration::from_millis(200)).await;
+    let stats = app.drain().await?;
+    println!(
+        "[rust] consumer 2: recovered {} in-flight message(s) of consumer 1",
+        stats.recovered
+    );
     count_rows(&store, &setup.ledger).await.map_err(Into::into)
 }
 
@@ -278,6 +289,12 @@ async fn cleanup(setup: &Setup) {
             format!("{}.dlq", setup.queue),
         ];
         let _: Result<i64, _> = conn.del(&keys).await;
+        // The consumers' own keys: `{<queue>}:processing:<id>`, heartbeats, registry.
+        let pattern = format!("{{{}}}:*", setup.queue);
+        let theirs: Vec<String> = conn.keys(&pattern).await.unwrap_or_default();
+        if !theirs.is_empty() {
+            let _: Result<i64, _> = conn.del(&theirs).await;
+        }
     }
 }
 
