@@ -204,14 +204,16 @@ fn audit(env: &Envelope) {
 
 #[tokio::test]
 async fn charge_and_refund_keyed_on_one_payment_do_not_skip_each_other() {
-    let on = |urn: &str| {
-        Envelope::new(urn, serde_json::json!({"payment_id": "pay_ns_7f3a"})).unwrap()
-    };
+    let on =
+        |urn: &str| Envelope::new(urn, serde_json::json!({"payment_id": "pay_ns_7f3a"})).unwrap();
     let seen = |key: &str| Store::seen(&*LEDGER, key).unwrap_or_else(|e| match e {});
     charge(&on("urn:babel:payments:charge"));
     refund(on("urn:babel:payments:refund")).await;
     assert_eq!(
-        (CHARGES.load(Ordering::SeqCst), REFUNDS.load(Ordering::SeqCst)),
+        (
+            CHARGES.load(Ordering::SeqCst),
+            REFUNDS.load(Ordering::SeqCst)
+        ),
         (1, 1),
         "the refund is not skipped after the charge of the same payment"
     );
@@ -219,12 +221,18 @@ async fn charge_and_refund_keyed_on_one_payment_do_not_skip_each_other() {
     charge(&on("urn:babel:payments:charge"));
     refund(on("urn:babel:payments:refund")).await;
     assert_eq!(
-        (CHARGES.load(Ordering::SeqCst), REFUNDS.load(Ordering::SeqCst)),
+        (
+            CHARGES.load(Ordering::SeqCst),
+            REFUNDS.load(Ordering::SeqCst)
+        ),
         (1, 1)
     );
     assert!(seen("urn:babel:payments:charge#pay_ns_7f3a"));
     assert!(seen("urn:babel:payments:refund#pay_ns_7f3a"));
-    assert!(!seen("pay_ns_7f3a"), "a namespaced key is never written bare");
+    assert!(
+        !seen("pay_ns_7f3a"),
+        "a namespaced key is never written bare"
+    );
 
     // An explicit namespace is shared on purpose.
     settle_by_card(&on("urn:babel:payments:settle-card"));
@@ -233,7 +241,10 @@ async fn charge_and_refund_keyed_on_one_payment_do_not_skip_each_other() {
     assert!(seen("settlement#pay_ns_7f3a"));
 
     audit(&on("urn:babel:payments:audit"));
-    assert!(seen("pay_ns_7f3a"), "`namespace = none` writes the key bare");
+    assert!(
+        seen("pay_ns_7f3a"),
+        "`namespace = none` writes the key bare"
+    );
 }
 
 // ---- fingerprint -----------------------------------------------------------------------------
@@ -268,7 +279,11 @@ async fn fingerprint_refuses_a_replayed_key_with_another_payload() {
     let amount = |n: u32| payment(serde_json::json!({"payment_id": "pay_fp", "amount": n}));
     capture_checked(&amount(4200)).unwrap();
     capture_checked(&amount(4200)).unwrap();
-    assert_eq!(FP_SYNC_RUNS.load(Ordering::SeqCst), 1, "same payload: skipped");
+    assert_eq!(
+        FP_SYNC_RUNS.load(Ordering::SeqCst),
+        1,
+        "same payload: skipped"
+    );
     let err = capture_checked(&amount(9900)).unwrap_err();
     assert!(
         err.to_string().contains("differs from the first delivery"),

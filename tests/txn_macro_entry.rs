@@ -12,10 +12,10 @@ use babelqueue::__private::{
     AsyncFingerprintGuard, AsyncTxGuard, Fingerprint, KeySource, PayloadMismatch, SyncTxGuard,
     scoped_key,
 };
+use babelqueue::postgres::PostgresStore;
 use babelqueue::postgres::PostgresStoreError;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::{SqliteStore, SqliteStoreError};
-use babelqueue::postgres::PostgresStore;
 use babelqueue::{Envelope, InMemoryStore, idempotent};
 use serde_json::json;
 
@@ -272,7 +272,11 @@ fn sync_transactional_attribute_commits_the_write_with_the_id() {
     assert_eq!(ledger_rows(&store), 0, "the write was rolled back");
     record_sync(&charge(json!({"payment_id": "p1"})), &store).unwrap();
     record_sync(&charge(json!({"payment_id": "p1"})), &store).unwrap();
-    assert_eq!(ledger_rows(&store), 1, "the retry ran once, the duplicate skipped");
+    assert_eq!(
+        ledger_rows(&store),
+        1,
+        "the retry ran once, the duplicate skipped"
+    );
     // The key was stored in the handler's namespace (its URN).
     let seen = babelqueue::Store::seen(&store, &format!("{CHARGE}#p1")).unwrap();
     assert!(seen);
@@ -343,8 +347,12 @@ async fn async_transactional_attribute_commits_the_write_with_the_id() {
     assert_eq!(rows().await, 1);
 
     let amount = |n: u32| Envelope::new(CHARGE, json!({"payment_id": "p", "amount": n})).unwrap();
-    record_async_checked(amount(1), &store, &ledger).await.unwrap();
-    record_async_checked(amount(1), &store, &ledger).await.unwrap();
+    record_async_checked(amount(1), &store, &ledger)
+        .await
+        .unwrap();
+    record_async_checked(amount(1), &store, &ledger)
+        .await
+        .unwrap();
     assert!(matches!(
         record_async_checked(amount(2), &store, &ledger).await,
         Err(ChargeError::Replay(_))

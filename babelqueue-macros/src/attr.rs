@@ -159,7 +159,12 @@ fn parse_one(input: ParseStream, out: &mut IdempotentArgs) -> syn::Result<()> {
     } else if lookahead.peek(kw::namespace) {
         let name = input.parse::<kw::namespace>()?;
         let value = parse_namespace(input, name.span)?;
-        set_once(&mut out.namespace, (value, name.span), "namespace", name.span)
+        set_once(
+            &mut out.namespace,
+            (value, name.span),
+            "namespace",
+            name.span,
+        )
     } else if lookahead.peek(kw::fingerprint) {
         let name = input.parse::<kw::fingerprint>()?;
         if input.peek(Token![=]) {
@@ -295,7 +300,13 @@ fn suggest(name: &str) -> Option<&'static str> {
         ("namespace", &["prefix", "key_prefix", "scope", "ns"]),
         (
             "fingerprint",
-            &["validate", "payload_validation", "digest", "hash", "checksum"],
+            &[
+                "validate",
+                "payload_validation",
+                "digest",
+                "hash",
+                "checksum",
+            ],
         ),
         ("transactional", &["transaction", "tx", "txn", "atomic"]),
     ];
@@ -315,7 +326,7 @@ fn suggest(name: &str) -> Option<&'static str> {
         "crate",
     ]
     .into_iter()
-        .find(|arg| edit_distance(&lower, arg) <= 2 && lower.len() > 1)
+    .find(|arg| edit_distance(&lower, arg) <= 2 && lower.len() > 1)
 }
 
 /// Levenshtein distance (the arguments are a few bytes long).
@@ -657,6 +668,48 @@ mod tests {
         assert_eq!(args.ttl.map(|d| d.value), Some(Duration::from_secs(5400)));
         assert_eq!(args.lease.map(|d| d.value), Some(Duration::from_secs(30)));
         assert!(args.store.is_some() && args.key.is_some() && args.krate.is_some());
+    }
+
+    #[test]
+    fn namespace_fingerprint_transactional_parse() {
+        let (args, errors) = parse_idempotent(quote!(
+            store = S,
+            key = k,
+            namespace = "billing",
+            fingerprint,
+            transactional = tx
+        ));
+        assert!(errors.into_result().is_ok());
+        assert!(matches!(
+            args.namespace,
+            Some((NamespaceArg::Explicit(ref l), _)) if l.value() == "billing"
+        ));
+        assert!(args.fingerprint.is_some());
+        assert_eq!(
+            args.transactional.map(|(i, _)| i.to_string()).as_deref(),
+            Some("tx")
+        );
+        let (args, errors) = parse_idempotent(quote!(store = S, key = k, namespace = none));
+        assert!(errors.into_result().is_ok());
+        assert!(matches!(args.namespace, Some((NamespaceArg::None, _))));
+    }
+
+    #[test]
+    fn namespace_fingerprint_transactional_mistakes() {
+        let errs = errors_of(quote!(
+            store = S,
+            namespace = "",
+            fingerprint = true,
+            transactional = a.b,
+            namespace = "a#b"
+        ));
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(errs[0].contains("it is empty"));
+        assert!(errs[1].contains("is a flag"));
+        assert!(errs[2].contains("takes a name"));
+        assert!(errs[3].contains("contains `#`"));
+        assert_eq!(suggest("prefix"), Some("namespace"));
+        assert_eq!(suggest("transaction"), Some("transactional"));
     }
 
     #[test]

@@ -154,12 +154,7 @@ pub fn idempotent(f: &ItemFn, args: &IdempotentArgs, errors: &mut Errors) -> Ide
 
 /// A namespaced `key = ...` (the default) and `fingerprint` read the envelope: its `job`
 /// (the handler's URN) and its `data`.
-fn needs_envelope(
-    name: &str,
-    args: &IdempotentArgs,
-    env: Option<&EnvParam>,
-    errors: &mut Errors,
-) {
+fn needs_envelope(name: &str, args: &IdempotentArgs, env: Option<&EnvParam>, errors: &mut Errors) {
     let named = env.is_some_and(|e| e.ident.is_some());
     if named {
         return;
