@@ -361,3 +361,66 @@ async fn async_transactional_attribute_commits_the_write_with_the_id() {
     pg_drop(&ledger).await;
     pg_drop(&store.table().to_string()).await;
 }
+
+/// `#[handler]` over `#[idempotent(transactional = tx, fingerprint)]`: the router spawns
+/// it, so the generated future must be `Send`; the store comes from the router's state.
+#[babelqueue::handler("urn:babel:payments:charge")]
+#[idempotent(store = *store, key = env.data.get("payment_id"), transactional = tx, fingerprint)]
+async fn routed_charge(
+    env: &Envelope,
+    store: babelqueue::State<PostgresStore>,
+    ledger: babelqueue::State<String>,
+) -> Ret {
+    tx.execute(
+        &format!("INSERT INTO \"{}\" VALUES ($1)", &*ledger),
+        &[&env.meta.id],
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
+async fn transactional_attribute_under_handler_in_the_runtime() {
+    let store = pg_store("routed").await;
+    let ledger = format!("{}_ledger", store.table());
+    raw_pg()
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE \"{ledger}\" (message_id TEXT NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    let t = InMemoryTransport::new();
+    let router = babelqueue::Router::new()
+        .state(store.clone())
+        .state(ledger.clone())
+        .register(routed_charge {});
+    let app = App::new(t.clone())
+        .queue("q")
+        .max_attempts(1)
+        .router(router);
+    let pay = |amount: u32| {
+        Envelope::new(CHARGE, json!({"payment_id": "p", "amount": amount}))
+            .unwrap()
+            .with_queue("q")
+    };
+    for env in [pay(1), pay(1), pay(2)] {
+        app.publish_raw(env.encode()).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        (stats.succeeded, stats.skipped, stats.dead_lettered),
+        (1, 1, 1),
+        "one charge, one duplicate skipped, one replay with another payload refused"
+    );
+    let rows: i64 = raw_pg()
+        .await
+        .query_one(&format!("SELECT count(*) FROM \"{ledger}\""), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    pg_drop(&ledger).await;
+    pg_drop(&store.table().to_string()).await;
+}
