@@ -147,8 +147,9 @@ fn key_dedupes_on_the_business_id_and_empty_keys_fail_open() {
 
 static BY_ORDER: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 
-/// The key may come from a parameter that is not an envelope; no envelope at all.
-#[idempotent(store = BY_ORDER, key = order_id)]
+/// The key may come from a parameter that is not an envelope; no envelope at all, so the
+/// namespace is named (the default one, the handler's URN, is the envelope's `job`).
+#[idempotent(store = BY_ORDER, key = order_id, namespace = "shipping")]
 async fn ship(order_id: u64, shipped: &AtomicU32) {
     shipped.fetch_add(1, Ordering::SeqCst);
 }
@@ -160,6 +161,146 @@ async fn key_from_a_plain_parameter() {
     ship(1042, &shipped).await;
     ship(1043, &shipped).await;
     assert_eq!(shipped.load(Ordering::SeqCst), 2);
+    assert!(Store::seen(&*BY_ORDER, "shipping#1042").unwrap_or_else(|e| match e {}));
+}
+
+// ---- key namespaces --------------------------------------------------------------------------
+
+static LEDGER: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+static CHARGES: AtomicU32 = AtomicU32::new(0);
+static REFUNDS: AtomicU32 = AtomicU32::new(0);
+static SETTLED: AtomicU32 = AtomicU32::new(0);
+
+#[idempotent(store = LEDGER, key = env.data.get("payment_id"))]
+fn charge(env: &Envelope) {
+    let _ = env;
+    CHARGES.fetch_add(1, Ordering::SeqCst);
+}
+
+#[idempotent(store = LEDGER, key = env.data.get("payment_id"))]
+async fn refund(env: Envelope) {
+    let _ = env;
+    REFUNDS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Two handlers sharing one namespace on purpose: they dedupe each other.
+#[idempotent(store = LEDGER, key = env.data.get("payment_id"), namespace = "settlement")]
+fn settle_by_card(env: &Envelope) {
+    let _ = env;
+    SETTLED.fetch_add(1, Ordering::SeqCst);
+}
+
+#[idempotent(store = LEDGER, key = env.data.get("payment_id"), namespace = "settlement")]
+fn settle_by_transfer(env: &mut Envelope) {
+    let _ = env;
+    SETTLED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// `namespace = none`: the bare key, as other SDKs write it.
+#[idempotent(store = LEDGER, key = env.data.get("payment_id"), namespace = none)]
+fn audit(env: &Envelope) {
+    let _ = env;
+}
+
+#[tokio::test]
+async fn charge_and_refund_keyed_on_one_payment_do_not_skip_each_other() {
+    let on =
+        |urn: &str| Envelope::new(urn, serde_json::json!({"payment_id": "pay_ns_7f3a"})).unwrap();
+    let seen = |key: &str| Store::seen(&*LEDGER, key).unwrap_or_else(|e| match e {});
+    charge(&on("urn:babel:payments:charge"));
+    refund(on("urn:babel:payments:refund")).await;
+    assert_eq!(
+        (
+            CHARGES.load(Ordering::SeqCst),
+            REFUNDS.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "the refund is not skipped after the charge of the same payment"
+    );
+    // Each handler still dedupes its own redeliveries (new meta.id, same payment).
+    charge(&on("urn:babel:payments:charge"));
+    refund(on("urn:babel:payments:refund")).await;
+    assert_eq!(
+        (
+            CHARGES.load(Ordering::SeqCst),
+            REFUNDS.load(Ordering::SeqCst)
+        ),
+        (1, 1)
+    );
+    assert!(seen("urn:babel:payments:charge#pay_ns_7f3a"));
+    assert!(seen("urn:babel:payments:refund#pay_ns_7f3a"));
+    assert!(
+        !seen("pay_ns_7f3a"),
+        "a namespaced key is never written bare"
+    );
+
+    // An explicit namespace is shared on purpose.
+    settle_by_card(&on("urn:babel:payments:settle-card"));
+    settle_by_transfer(&mut on("urn:babel:payments:settle-transfer"));
+    assert_eq!(SETTLED.load(Ordering::SeqCst), 1);
+    assert!(seen("settlement#pay_ns_7f3a"));
+
+    audit(&on("urn:babel:payments:audit"));
+    assert!(
+        seen("pay_ns_7f3a"),
+        "`namespace = none` writes the key bare"
+    );
+}
+
+// ---- fingerprint -----------------------------------------------------------------------------
+
+#[derive(Debug, thiserror::Error)]
+enum ReplayError {
+    #[error(transparent)]
+    Replay(#[from] babelqueue::PayloadMismatch),
+}
+
+static FP_STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+static FP_SYNC_RUNS: AtomicU32 = AtomicU32::new(0);
+static FP_ASYNC_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[idempotent(store = FP_STORE, key = env.data.get("payment_id"), fingerprint)]
+fn capture_checked(env: &Envelope) -> Result<(), ReplayError> {
+    let _ = env;
+    FP_SYNC_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// On `meta.id`: a redelivery whose `data` was altered is refused.
+#[idempotent(store = FP_STORE, fingerprint, ttl = "1h")]
+async fn capture_by_id(env: Envelope) -> Result<(), ReplayError> {
+    let _ = env;
+    FP_ASYNC_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn fingerprint_refuses_a_replayed_key_with_another_payload() {
+    let amount = |n: u32| payment(serde_json::json!({"payment_id": "pay_fp", "amount": n}));
+    capture_checked(&amount(4200)).unwrap();
+    capture_checked(&amount(4200)).unwrap();
+    assert_eq!(
+        FP_SYNC_RUNS.load(Ordering::SeqCst),
+        1,
+        "same payload: skipped"
+    );
+    let err = capture_checked(&amount(9900)).unwrap_err();
+    assert!(
+        err.to_string().contains("differs from the first delivery"),
+        "{err}"
+    );
+    assert_eq!(FP_SYNC_RUNS.load(Ordering::SeqCst), 1, "refused, not run");
+
+    let first = amount(1);
+    let mut altered = first.clone();
+    altered.data.insert("amount".into(), serde_json::json!(2));
+    capture_by_id(first.clone()).await.unwrap();
+    capture_by_id(first).await.unwrap();
+    assert!(matches!(
+        capture_by_id(altered).await,
+        Err(ReplayError::Replay(_))
+    ));
+    assert_eq!(FP_ASYNC_RUNS.load(Ordering::SeqCst), 1);
 }
 
 // ---- ttl = ... -----------------------------------------------------------------------------

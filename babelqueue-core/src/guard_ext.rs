@@ -1,5 +1,7 @@
-//! What `#[idempotent(fingerprint)]`, `#[idempotent(transactional)]` and a namespaced
-//! `key = ...` expand to (through `__private`). Not public API.
+//! What `#[idempotent(fingerprint)]` and `#[idempotent(transactional = tx)]` expand to.
+//! You never use these items directly; they are public (and documented) because the
+//! macro's compile errors name them: when one says that a trait of this module "is not
+//! implemented", its message and note say what to change in your code.
 //!
 //! The same pattern as `macro_support`: one call per generated handler, every
 //! requirement on the user's tokens a bound with a `#[diagnostic::on_unimplemented]`

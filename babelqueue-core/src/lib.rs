@@ -31,7 +31,7 @@ pub mod envelope;
 pub mod extract;
 pub mod fingerprint;
 pub mod guard;
-mod guard_ext;
+pub mod guard_ext;
 pub mod handler;
 mod inflight;
 pub mod key;

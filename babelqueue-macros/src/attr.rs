@@ -14,10 +14,15 @@ mod kw {
     syn::custom_keyword!(key);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(lease);
+    syn::custom_keyword!(namespace);
+    syn::custom_keyword!(none);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(transactional);
 }
 
 /// The arguments `#[idempotent]` accepts, in the order the docs list them.
-const IDEMPOTENT_ARGS: &str = "`store`, `key`, `ttl`, `lease`, `crate`";
+const IDEMPOTENT_ARGS: &str =
+    "`store`, `key`, `namespace`, `ttl`, `lease`, `fingerprint`, `transactional`, `crate`";
 
 /// A duration literal parsed at compile time.
 pub struct DurationArg {
@@ -33,6 +38,21 @@ pub struct IdempotentArgs {
     pub ttl: Option<DurationArg>,
     pub lease: Option<DurationArg>,
     pub krate: Option<Path>,
+    /// `namespace = "..."` or `namespace = none`, with the span of `namespace`.
+    pub namespace: Option<(NamespaceArg, Span)>,
+    /// The span of the `fingerprint` flag.
+    pub fingerprint: Option<Span>,
+    /// `transactional = tx`: the binding the body receives, with the span of
+    /// `transactional`.
+    pub transactional: Option<(Ident, Span)>,
+}
+
+/// What `namespace = ...` says.
+pub enum NamespaceArg {
+    /// `namespace = "billing"`: checked non-empty, without `#`.
+    Explicit(LitStr),
+    /// `namespace = none`: the key is stored bare.
+    None,
 }
 
 /// Collects errors: `syn::Error::combine` so the user sees every mistake at once.
@@ -136,6 +156,63 @@ fn parse_one(input: ParseStream, out: &mut IdempotentArgs) -> syn::Result<()> {
         let name = input.parse::<kw::lease>()?;
         let value = parse_duration(input, "lease", name.span, "30s")?;
         set_once(&mut out.lease, value, "lease", name.span)
+    } else if lookahead.peek(kw::namespace) {
+        let name = input.parse::<kw::namespace>()?;
+        let value = parse_namespace(input, name.span)?;
+        set_once(
+            &mut out.namespace,
+            (value, name.span),
+            "namespace",
+            name.span,
+        )
+    } else if lookahead.peek(kw::fingerprint) {
+        let name = input.parse::<kw::fingerprint>()?;
+        if input.peek(Token![=]) {
+            return Err(syn::Error::new(
+                name.span,
+                "`fingerprint` is a flag and takes no value: write `fingerprint` on its own \
+                 (leave it out for plain dedupe)",
+            ));
+        }
+        if out.fingerprint.is_some() {
+            return Err(syn::Error::new(
+                name.span,
+                "`fingerprint` is given more than once in #[idempotent]; keep one",
+            ));
+        }
+        out.fingerprint = Some(name.span);
+        Ok(())
+    } else if lookahead.peek(kw::transactional) {
+        let name = input.parse::<kw::transactional>()?;
+        expect_eq(input, "transactional", name.span, "transactional = tx")?;
+        if input.is_empty() || input.peek(Token![,]) {
+            return Err(syn::Error::new(
+                name.span,
+                "`transactional =` needs the name the body gives the transaction: write \
+                 `transactional = tx`",
+            ));
+        }
+        let value: Expr = input.parse()?;
+        let ident = match &value {
+            Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => p.path.get_ident(),
+            _ => None,
+        };
+        let Some(ident) = ident else {
+            return Err(syn::Error::new_spanned(
+                &value,
+                format!(
+                    "`transactional` takes a name, not an expression: the body receives the \
+                     store's transaction under that name; write `transactional = tx` (not `{}`)",
+                    tokens_text(&value)
+                ),
+            ));
+        };
+        set_once(
+            &mut out.transactional,
+            (ident.clone(), name.span),
+            "transactional",
+            name.span,
+        )
     } else if lookahead.peek(Token![crate]) {
         let name = input.parse::<Token![crate]>()?;
         expect_eq(input, "crate", name.span, "crate = ::babelqueue")?;
@@ -220,15 +297,36 @@ fn suggest(name: &str) -> Option<&'static str> {
             &["lock", "claim", "in_flight", "inflight", "timeout"],
         ),
         ("crate", &["krate", "runtime", "path"]),
+        ("namespace", &["prefix", "key_prefix", "scope", "ns"]),
+        (
+            "fingerprint",
+            &[
+                "validate",
+                "payload_validation",
+                "digest",
+                "hash",
+                "checksum",
+            ],
+        ),
+        ("transactional", &["transaction", "tx", "txn", "atomic"]),
     ];
     for (arg, names) in synonyms {
         if names.contains(&lower.as_str()) {
             return Some(arg);
         }
     }
-    ["store", "key", "ttl", "lease", "crate"]
-        .into_iter()
-        .find(|arg| edit_distance(&lower, arg) <= 2 && lower.len() > 1)
+    [
+        "store",
+        "key",
+        "namespace",
+        "ttl",
+        "lease",
+        "fingerprint",
+        "transactional",
+        "crate",
+    ]
+    .into_iter()
+    .find(|arg| edit_distance(&lower, arg) <= 2 && lower.len() > 1)
 }
 
 /// Levenshtein distance (the arguments are a few bytes long).
@@ -278,6 +376,49 @@ fn parse_eq_expr(input: ParseStream, name: &str, span: Span, example: &str) -> s
         ));
     }
     input.parse()
+}
+
+/// `namespace = "literal"` (non-empty, no `#`) or `namespace = none`.
+fn parse_namespace(input: ParseStream, span: Span) -> syn::Result<NamespaceArg> {
+    expect_eq(input, "namespace", span, "namespace = \"billing\"")?;
+    if input.peek(kw::none) {
+        input.parse::<kw::none>()?;
+        return Ok(NamespaceArg::None);
+    }
+    if input.peek(LitStr) {
+        let lit: LitStr = input.parse()?;
+        let text = lit.value();
+        let why = if text.is_empty() {
+            "it is empty"
+        } else if text.contains('#') {
+            "it contains `#`, which separates the namespace from the key in the stored key"
+        } else {
+            return Ok(NamespaceArg::Explicit(lit));
+        };
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid namespace {}: {why}; write a non-empty name without `#`, e.g. \
+                 `namespace = \"billing\"`, or `namespace = none` for a bare key",
+                tokens_text(&lit)
+            ),
+        ));
+    }
+    if input.is_empty() || input.peek(Token![,]) {
+        return Err(syn::Error::new(
+            span,
+            "`namespace =` needs a value: write `namespace = \"billing\"` or `namespace = none`",
+        ));
+    }
+    let value: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(
+        &value,
+        format!(
+            "`namespace` takes a string literal, checked at compile time, or `none`: write \
+             `namespace = \"billing\"` (not `{}`), or `namespace = none` for a bare key",
+            tokens_text(&value)
+        ),
+    ))
 }
 
 fn parse_duration(
@@ -527,6 +668,48 @@ mod tests {
         assert_eq!(args.ttl.map(|d| d.value), Some(Duration::from_secs(5400)));
         assert_eq!(args.lease.map(|d| d.value), Some(Duration::from_secs(30)));
         assert!(args.store.is_some() && args.key.is_some() && args.krate.is_some());
+    }
+
+    #[test]
+    fn namespace_fingerprint_transactional_parse() {
+        let (args, errors) = parse_idempotent(quote!(
+            store = S,
+            key = k,
+            namespace = "billing",
+            fingerprint,
+            transactional = tx
+        ));
+        assert!(errors.into_result().is_ok());
+        assert!(matches!(
+            args.namespace,
+            Some((NamespaceArg::Explicit(ref l), _)) if l.value() == "billing"
+        ));
+        assert!(args.fingerprint.is_some());
+        assert_eq!(
+            args.transactional.map(|(i, _)| i.to_string()).as_deref(),
+            Some("tx")
+        );
+        let (args, errors) = parse_idempotent(quote!(store = S, key = k, namespace = none));
+        assert!(errors.into_result().is_ok());
+        assert!(matches!(args.namespace, Some((NamespaceArg::None, _))));
+    }
+
+    #[test]
+    fn namespace_fingerprint_transactional_mistakes() {
+        let errs = errors_of(quote!(
+            store = S,
+            namespace = "",
+            fingerprint = true,
+            transactional = a.b,
+            namespace = "a#b"
+        ));
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(errs[0].contains("it is empty"));
+        assert!(errs[1].contains("is a flag"));
+        assert!(errs[2].contains("takes a name"));
+        assert!(errs[3].contains("contains `#`"));
+        assert_eq!(suggest("prefix"), Some("namespace"));
+        assert_eq!(suggest("transaction"), Some("transactional"));
     }
 
     #[test]

@@ -249,6 +249,36 @@ fn guarded_fn(
     key_args.set_span(key_last);
     let key_path = respan_range(quote!(#private::KeySource::owned_key), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
+    // A custom key is stored as `<namespace>#<key>`: by default the handler's URN (the
+    // envelope's `job`), or the checked literal of `namespace = "..."`; `namespace = none`
+    // keeps it bare. `meta.id` stays bare.
+    let key_call = match (&args.key, &args.namespace, &shape.env) {
+        (Some(_), Some((attr::NamespaceArg::Explicit(lit), _)), _) => {
+            quote!(#private::scoped_key(#lit, #key_call))
+        }
+        (Some(_), Some((attr::NamespaceArg::None, _)), _) | (None, _, _) => key_call,
+        (Some(_), None, Some(env)) => {
+            let ident = &env.ident;
+            quote!(#private::scoped_key(&#ident.job, #key_call))
+        }
+        // Unreachable: validation requires an envelope for a namespaced key.
+        (Some(_), None, None) => key_call,
+    };
+    // `fingerprint`: the digest of the envelope's `data`, computed (like the key) before
+    // the body takes the parameters.
+    let fp_ident = Ident::new("__babelqueue_fingerprint", Span::mixed_site());
+    let fp_let = match (&args.fingerprint, &shape.env) {
+        (Some(fp), Some(env)) => {
+            let ident = &env.ident;
+            let env_ref = match env.by {
+                EnvRef::Owned => quote!(&#ident),
+                EnvRef::Shared | EnvRef::Mut => quote!(&*#ident),
+            };
+            let path = respan(quote!(#private::Fingerprint::of_envelope), *fp);
+            quote!(let #fp_ident = #path(#env_ref);)
+        }
+        _ => TokenStream::new(),
+    };
 
     let store_ref = borrow_spanned(store);
     let ttl = match &args.ttl {
@@ -278,6 +308,21 @@ fn guarded_fn(
         (false, Some(l)) => (quote!(SyncLeaseGuard), Some(duration(l))),
         (true, Some(l)) => (quote!(AsyncLeaseGuard), Some(duration(l))),
     };
+    // `fingerprint` and `transactional` use the guards of `guard_ext`, generic over the
+    // return type itself; validation rules out their combinations with `lease`.
+    let fingerprint = args.fingerprint.is_some();
+    let tx = args.transactional.as_ref().map(|(ident, _)| ident);
+    let (trait_name, method) = match (is_async, fingerprint, tx.is_some()) {
+        (_, false, false) => (trait_name, quote!(guard)),
+        (false, true, false) => (quote!(SyncFingerprintGuard), quote!(guard)),
+        (true, true, false) => (quote!(AsyncFingerprintGuard), quote!(guard)),
+        (false, false, true) => (quote!(SyncTxGuard), quote!(guard)),
+        (true, false, true) => (quote!(AsyncTxGuard), quote!(guard)),
+        (false, true, true) => (quote!(SyncTxGuard), quote!(guard_fingerprint)),
+        (true, true, true) => (quote!(AsyncTxGuard), quote!(guard_fingerprint)),
+    };
+    let by_return_type = fingerprint || tx.is_some();
+    let fp_arg = fingerprint.then(|| quote!(#fp_ident,));
     // The body runs in a closure, so `return` and `?` keep their meaning. For an async fn
     // it is an async closure called at once: unlike an `async move` block, it captures
     // precisely (field by field), so `store = self.store` and a body mutating another
@@ -294,9 +339,16 @@ fn guarded_fn(
         let stmts = &block.stmts;
         let mut inner_block = Group::new(Delimiter::Brace, quote!(#fake #(#stmts)*));
         inner_block.set_span(block.brace_token.span.join());
-        quote!((async || #inner_block)())
+        match tx {
+            // The body receives the store's transaction under the user's name.
+            Some(tx) => quote!(async |#tx| #ret_annotation #inner_block),
+            None => quote!((async || #inner_block)()),
+        }
     } else {
-        quote!(|| #ret_annotation #block)
+        match tx {
+            Some(tx) => quote!(|#tx| #ret_annotation #block),
+            None => quote!(|| #ret_annotation #block),
+        }
     };
     // Every generated token of the call is spanned at the user's store expression, so
     // whatever part of the call rustc blames (the receiver, the call, the `.await`), the
@@ -305,7 +357,7 @@ fn guarded_fn(
     let lease_arg = lease.map(|l| quote!(#l,));
     let args_group = Group::new(
         Delimiter::Parenthesis,
-        quote!(#store_ref, #key_ident, #lease_arg #ttl, #body_arg),
+        quote!(#store_ref, #key_ident, #lease_arg #fp_arg #ttl, #body_arg),
     );
     let mut args_group = args_group;
     args_group.set_span(last);
@@ -314,6 +366,8 @@ fn guarded_fn(
     // reported there, once, not at the store.
     let (check_trait, kind_name) = (quote!(IdempotentReturn), quote!(Kind));
     let kind = match &sig.output {
+        // `guard_ext`'s guards take the return type itself.
+        _ if by_return_type => ret_ty.clone(),
         ReturnType::Type(_, t) => {
             let (rf, rl) = first_last(t);
             let open = quote_spanned!(rf=> <);
@@ -323,7 +377,7 @@ fn guarded_fn(
         ReturnType::Default => quote!(#private::UnitKind),
     };
     let path = respan_range(quote!(#private::#trait_name::<), first, last);
-    let path_end = respan_range(quote!(>::guard), last, last);
+    let path_end = respan_range(quote!(>::#method), last, last);
     let path = quote!(#path #kind #path_end);
     let call = quote!(#path #args_group);
     let call = if is_async {
@@ -384,6 +438,7 @@ fn guarded_fn(
     let body = quote! {
         #(#inner)*
         let #key_ident = #key_call;
+        #fp_let
         #call
     };
     let mut body = Group::new(Delimiter::Brace, body);

@@ -117,9 +117,12 @@ use proc_macro::TokenStream;
 /// | argument | meaning |
 /// | --- | --- |
 /// | `store = <expr>` | **Required.** The seen-set store: any expression, evaluated on every call and borrowed for it: a parameter (in a `#[handler]`, `store: State<S>` from the router's state, so a store picked at start-up needs no `static`), a `static` (`std::sync::LazyLock` or `once_cell::sync::Lazy`), a path (`stores::PAYMENTS`), `&*STORE`, a field (`self.store`), a function call, an `Arc`. A sync fn needs a [`Store`], an `async fn` an [`AsyncStore`]. |
-/// | `key = <expr>` | The dedupe key instead of `meta.id`, with the fn's parameters in scope: a business id such as `key = env.data.get("payment_id")`, because a client that retries publishes a *new* message with a new `meta.id`. Any [`DedupeKey`]: strings, integers, `Uuid`, JSON values, `Option`s of them. An absent or empty key fails open (the body runs). With `key`, the fn needs no `Envelope` parameter. |
+/// | `key = <expr>` | The dedupe key instead of `meta.id`, with the fn's parameters in scope: a business id such as `key = env.data.get("payment_id")`, because a client that retries publishes a *new* message with a new `meta.id`. Any [`DedupeKey`]: strings, integers, `Uuid`, JSON values, `Option`s of them. An absent or empty key fails open (the body runs). The key is **namespaced per handler**: stored as `<the envelope's job>#<key>`, so two handlers keyed on the same business id (`charge`, `refund`) do not skip each other; the fn therefore needs an `Envelope` parameter, unless `namespace = ...` is given. |
+/// | `namespace = "billing"` / `namespace = none` | With `key`: the namespace of the key instead of the handler's URN (a literal checked at compile time: non-empty, no `#`), shared on purpose by handlers that must dedupe each other, or usable without an `Envelope` parameter; `none` stores the key bare, as other SDKs write it. `meta.id` keys are never namespaced. |
 /// | `ttl = "24h"` | How long the key stays remembered, where the store supports expiry (default: the store's own). A literal checked at compile time: a number and a unit (`ms`, `s`, `m`, `h`, `d`), or several, largest first: `"500ms"`, `"30s"`, `"15m"`, `"7d"`, `"1h30m"`. |
 /// | `lease = "30s"` | Lease mode: claim the key atomically before running, so two workers never run it at the same moment; the claim expires by itself after the lease (a crashed worker does not block the id forever). A key in flight elsewhere returns [`InFlight`] (converted into your error, so it must implement `From<InFlight>`): do not ack, retry later. Needs a [`LeaseStore`] / [`AsyncLeaseStore`] and a `Result<(), E>` return. |
+/// | `fingerprint` | A flag: the store keeps a digest (SHA-256 of the canonical JSON of `data`) with the key, and a later delivery of the key with another payload is refused with [`PayloadMismatch`] (converted into your error, so it must implement `From<PayloadMismatch>`; the runtime dead-letters it as `failed`) instead of being skipped. Needs a store keeping fingerprints (`InMemoryStore`, SQLite for a sync fn; Redis, PostgreSQL, SQLite, `InMemoryStore` for an `async fn`), an `Envelope` parameter and a `Result<(), E>` return; not with `lease`. |
+/// | `transactional = tx` | The body runs in the store's transaction, given to it under the name `tx` (any name): its writes through `tx` and the id's row commit together, or neither does. A sync fn needs the SQLite store (`tx` is a `rusqlite::Transaction`), an `async fn` the PostgreSQL store (`tx` is a `tokio_postgres::Transaction`). Combines with `key`, `namespace`, `ttl`, `fingerprint`; not with `lease`. |
 /// | `crate = <path>` | Where the runtime is, for crates that re-export babelqueue (`crate = my_platform::queue`). By default the macro reads your `Cargo.toml`: `::babelqueue` (or its renamed name), else `::babelqueue_core` when you depend on the core crate only. |
 ///
 /// # Supported forms
@@ -160,12 +163,17 @@ use proc_macro::TokenStream;
 /// non-literal one; the attribute on something that is not a fn with a body; no
 /// `Envelope` parameter and no `key`; two `Envelope` parameters and no `key`; an unnamed
 /// envelope parameter (`_: &Envelope`); `const fn`; `unsafe fn`; a return type other
-/// than `()` / `Result<(), E>`; `lease` with a `()` return; and, from the type checker,
+/// than `()` / `Result<(), E>`; `lease` with a `()` return; a
+/// `namespace` that is empty, contains `#`, is not a literal, or comes without `key`; a
+/// namespaced `key` or `fingerprint` without an `Envelope` parameter; `fingerprint = ...`,
+/// `fingerprint` twice, with `lease` or with a `()` return; `transactional` with `lease`,
+/// or `transactional = ` something other than a name; and, from the type checker,
 /// with the message naming your expression: a `store` that is not a store, a sync-only
 /// store on an `async fn` or an async-only store on a sync fn, a `()` return with a store
 /// that can fail, a store error that does not convert into your error, a store without
 /// claims in lease mode, an error without `From<InFlight>` in lease mode, a `key` that is
-/// not a [`DedupeKey`].
+/// not a [`DedupeKey`], an error without `From<PayloadMismatch>` with `fingerprint`, a
+/// store that keeps no fingerprints or has no transactions.
 ///
 /// [`Store`]: https://docs.rs/babelqueue/latest/babelqueue/trait.Store.html
 /// [`AsyncStore`]: https://docs.rs/babelqueue/latest/babelqueue/trait.AsyncStore.html
@@ -173,6 +181,7 @@ use proc_macro::TokenStream;
 /// [`AsyncLeaseStore`]: https://docs.rs/babelqueue/latest/babelqueue/trait.AsyncLeaseStore.html
 /// [`DedupeKey`]: https://docs.rs/babelqueue/latest/babelqueue/trait.DedupeKey.html
 /// [`InFlight`]: https://docs.rs/babelqueue/latest/babelqueue/struct.InFlight.html
+/// [`PayloadMismatch`]: https://docs.rs/babelqueue/latest/babelqueue/struct.PayloadMismatch.html
 /// [`guard_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_ttl.html
 /// [`guard_async_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_async_ttl.html
 /// [`guard_lease`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_lease.html

@@ -129,7 +129,18 @@ pub fn idempotent(f: &ItemFn, args: &IdempotentArgs, errors: &mut Errors) -> Ide
         ));
     }
 
+    needs_envelope(&name, args, env.as_ref(), errors);
+    combinations(args, errors);
+
     let ret = return_type(&sig.output, errors);
+    if let (Some(fp), Return::Unit) = (&args.fingerprint, &ret) {
+        errors.error(
+            *fp,
+            "`fingerprint` needs a handler returning `Result<(), E>` with \
+             `E: From<babelqueue::PayloadMismatch>`: a delivery whose payload differs from the \
+             first delivery of its key is refused with that error; change the return type",
+        );
+    }
     if let (Some(lease), Return::Unit) = (&args.lease, &ret) {
         errors.error(
             lease.lit.span(),
@@ -139,6 +150,69 @@ pub fn idempotent(f: &ItemFn, args: &IdempotentArgs, errors: &mut Errors) -> Ide
         );
     }
     IdempotentShape { env, ret }
+}
+
+/// A namespaced `key = ...` (the default) and `fingerprint` read the envelope: its `job`
+/// (the handler's URN) and its `data`.
+fn needs_envelope(name: &str, args: &IdempotentArgs, env: Option<&EnvParam>, errors: &mut Errors) {
+    let named = env.is_some_and(|e| e.ident.is_some());
+    if named {
+        return;
+    }
+    if let (Some(key), None) = (&args.key, &args.namespace) {
+        let msg = match env {
+            None => format!(
+                "a custom `key` is namespaced by the handler's URN (the envelope's `job`), but \
+                 `{name}` has no `Envelope` parameter; add one (`env: &Envelope`), or name the \
+                 namespace: `namespace = \"shipping\"` (or `namespace = none` for a bare key \
+                 shared with other handlers and SDKs)"
+            ),
+            Some(_) => "a custom `key` is namespaced by the handler's URN (the envelope's \
+                        `job`), so the envelope parameter needs a name: write `env: &Envelope`, \
+                        or name the namespace (`namespace = \"shipping\"` or `namespace = none`)"
+                .to_owned(),
+        };
+        errors.push(syn::Error::new_spanned(key, msg));
+    }
+    // Without `key`, a missing or unnamed envelope is already an error of its own.
+    if let (Some(fp), Some(_)) = (&args.fingerprint, &args.key) {
+        let msg = match env {
+            None => format!(
+                "`fingerprint` digests the message's `data`, but `{name}` has no `Envelope` \
+                 parameter; add one (`env: &Envelope`)"
+            ),
+            Some(_) => "`fingerprint` digests this envelope's `data`, so the parameter needs a \
+                        name: write `env: &Envelope`"
+                .to_owned(),
+        };
+        errors.error(*fp, msg);
+    }
+}
+
+/// Arguments that do not go together.
+fn combinations(args: &IdempotentArgs, errors: &mut Errors) {
+    if let (Some((_, span)), None) = (&args.namespace, &args.key) {
+        errors.error(
+            *span,
+            "`namespace` scopes a custom `key = ...`, but there is none: the default key, \
+             `meta.id`, is never namespaced (every handler and SDK of the fleet shares it); \
+             remove `namespace`, or add `key = ...`",
+        );
+    }
+    if let (Some(fp), Some(_)) = (&args.fingerprint, &args.lease) {
+        errors.error(
+            *fp,
+            "`fingerprint` cannot be combined with `lease = ...` (lease mode does not store \
+             fingerprints yet); keep one of them",
+        );
+    }
+    if let (Some((_, span)), Some(_)) = (&args.transactional, &args.lease) {
+        errors.error(
+            *span,
+            "`transactional` cannot be combined with `lease = ...`: the transaction already \
+             serializes concurrent deliveries of one id on its row; remove `lease`",
+        );
+    }
 }
 
 /// Every parameter whose type is `Envelope`, `&Envelope` or `&mut Envelope` (any path

@@ -23,8 +23,8 @@ fn charge(env: &Envelope) {
     CHARGES.fetch_add(1, Ordering::SeqCst);
 }
 
-/// The key may come from any parameter.
-#[idempotent(store = STORE, key = order_id, ttl = "1h30m")]
+/// The key may come from any parameter; without an envelope, the namespace is named.
+#[idempotent(store = STORE, key = order_id, namespace = "shipping", ttl = "1h30m")]
 async fn ship(order_id: u64, note: &str) {
     let _ = note;
 }

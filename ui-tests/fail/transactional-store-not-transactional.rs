@@ -1,0 +1,12 @@
+use std::sync::LazyLock;
+
+use babelqueue::{Envelope, InMemoryStore, idempotent};
+
+static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+
+#[idempotent(store = STORE, transactional = tx)]
+fn charge(env: &Envelope) {
+    let _ = (env, tx);
+}
+
+fn main() {}
