@@ -247,11 +247,16 @@ where
     R: HandlerResult,
     S::Error: IntoHandlerError<R::Error>,
 {
-    guard_async_ttl(store, key, None, handler).await
+    guard_ttl_async(store, key, None, handler).await
 }
 
+/// The name the `#[idempotent]` expansion of earlier releases calls; use
+/// [`guard_ttl_async`].
+#[doc(hidden)]
+pub use guard_ttl_async as guard_async_ttl;
+
 /// [`guard_async`] with a TTL for the remembered key (`None`: the store's default).
-pub async fn guard_async_ttl<S, K, Fut, R>(
+pub async fn guard_ttl_async<S, K, Fut, R>(
     store: &S,
     key: K,
     ttl: Option<Duration>,
@@ -420,14 +425,14 @@ where
     S::Error: IntoHandlerError<R::Error>,
     R::Error: From<InFlight>,
 {
-    guard_lease_async_report(store, key, lease, ttl, handler)
+    guard_lease_report_async(store, key, lease, ttl, handler)
         .await
         .map(|r| r.outcome)
 }
 
 /// [`guard_lease_async`] returning the typed [`LeasedOutcome`] (see
 /// [`guard_lease_report`]).
-pub async fn guard_lease_async_report<S, K, Fut, R>(
+pub async fn guard_lease_report_async<S, K, Fut, R>(
     store: &S,
     key: K,
     lease: Duration,

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::fingerprint::{
-    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_async_fingerprint,
+    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_fingerprint_async,
     guard_fingerprint,
 };
 use crate::guard::{HandlerResult, Outcome};
@@ -121,7 +121,7 @@ where
         ttl: Option<Duration>,
         body: Fut,
     ) -> R {
-        R::from_outcome(guard_async_fingerprint(self, key, fingerprint, ttl, body).await)
+        R::from_outcome(guard_fingerprint_async(self, key, fingerprint, ttl, body).await)
     }
 }
 
