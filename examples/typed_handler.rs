@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    App, Attempts, DynStore, DynStoreError, Envelope, InMemoryStore, InMemoryTransport, Json,
+    App, Attempts, dyn_store::DynStore, dyn_store::DynStoreError, Envelope, InMemoryStore, InMemoryTransport, Json,
     Router, State, handler, idempotent,
 };
 

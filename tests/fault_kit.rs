@@ -8,7 +8,7 @@ use std::time::Duration;
 use babelqueue::lease::{LeaseHealth, LeaseLostCause, current_fencing_token};
 use babelqueue::store_error::{UnavailableKind, find_unavailable};
 use babelqueue::testing::faults::{DeliveryResult, FaultyStore, Redelivery, StoreCall};
-use babelqueue::{BoxError, Envelope, InMemoryStore, Outcome, guard_lease_report_async};
+use babelqueue::{BoxError, Envelope, InMemoryStore, Outcome, guard::guard_lease_report_async};
 
 fn payment() -> Envelope {
     Envelope::new(

@@ -15,7 +15,7 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, Outcome,
+    AsyncStore, BoxError, Envelope, InMemoryStore, store::IntoHandlerError, Outcome,
     guard_fingerprint_async, guard_fingerprint,
 };
 use serde_json::json;

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use babelqueue::{
-    Envelope, InMemoryStore, Outcome, Router, TypedHandler, UnknownUrn, handler, idempotent,
+    Envelope, InMemoryStore, Outcome, Router, TypedHandler, handler::UnknownUrn, handler, idempotent,
 };
 
 static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);

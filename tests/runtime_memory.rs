@@ -10,7 +10,7 @@ use babelqueue::runtime::{
 };
 use babelqueue::{
     AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, guard_async,
-    guard_lease_async, now_millis,
+    guard_lease_async, envelope::now_millis,
 };
 use serde_json::{Value, json};
 

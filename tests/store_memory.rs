@@ -41,7 +41,7 @@ async fn renewed_lease_holds_under_paused_time() {
     use std::time::Duration;
 
     use babelqueue::lease::current_fencing_token;
-    use babelqueue::{BoxError, Claim, InFlight, LeaseHealth, Outcome, guard_lease_report_async};
+    use babelqueue::{BoxError, lease::Claim, InFlight, lease::LeaseHealth, Outcome, guard::guard_lease_report_async};
 
     let store = Arc::new(InMemoryStore::new());
     let effects = Arc::new(AtomicUsize::new(0));

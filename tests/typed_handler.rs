@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use babelqueue::{
-    Attempts, Envelope, InMemoryStore, Json, Meta, MissingState, Outcome, PayloadError, Router,
+    Attempts, Envelope, InMemoryStore, Json, Meta, extract::MissingState, Outcome, extract::PayloadError, Router,
     State, Store, TypedHandler, handler, idempotent,
 };
 

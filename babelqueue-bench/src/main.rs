@@ -29,7 +29,7 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::App;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, guard_async,
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, store::IntoHandlerError, guard_async,
     guard_lease_async,
 };
 use clap::{Parser, ValueEnum};

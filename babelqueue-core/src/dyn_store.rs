@@ -50,7 +50,7 @@ impl<S: AsyncStore + 'static> ErasedStore for S {
 ///
 /// ```
 /// use std::sync::OnceLock;
-/// use babelqueue_core::{AsyncStore, DynStore, InMemoryStore};
+/// use babelqueue_core::{AsyncStore, dyn_store::DynStore, InMemoryStore};
 ///
 /// static STORE: OnceLock<DynStore> = OnceLock::new();
 /// fn store() -> &'static DynStore {

@@ -191,6 +191,7 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+#[doc(hidden)]
 /// Current time as Unix epoch milliseconds.
 pub fn now_millis() -> i64 {
     SystemTime::now()

@@ -105,13 +105,14 @@ fn record(outcome: Outcome) {
     }
 }
 
+#[doc(hidden)]
 /// Runs `fut` and returns what the (last) guard inside it decided, if any guard ran.
 ///
 /// This is how a runtime learns that a handler's `Ok(())` was a skipped duplicate:
 /// the guard records its [`Outcome`] in a task-local slot.
 ///
 /// ```
-/// use babelqueue_core::{capture_outcome, guard_async, InMemoryStore, Outcome};
+/// use babelqueue_core::{guard::capture_outcome, guard_async, InMemoryStore, Outcome};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = InMemoryStore::new();
 /// let handler = || async {
@@ -130,10 +131,11 @@ pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) 
         .await
 }
 
+#[doc(hidden)]
 /// The blocking counterpart of [`capture_outcome`], for sync handlers.
 ///
 /// ```
-/// use babelqueue_core::{capture_outcome_sync, guard, InMemoryStore, Outcome};
+/// use babelqueue_core::{guard::capture_outcome_sync, guard, InMemoryStore, Outcome};
 /// let store = InMemoryStore::new();
 /// let run = || guard(&store, "id-A", || ()).map(|_| ());
 /// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Ran));

@@ -153,6 +153,7 @@ where
     }
 }
 
+#[doc(hidden)]
 /// Runs a blocking handler: on tokio's blocking pool when a runtime is present (so a
 /// sync store never blocks a worker thread), inline otherwise. A panic becomes a
 /// [`HandlerError`].
@@ -192,6 +193,7 @@ where
     }
 }
 
+#[doc(hidden)]
 /// Runs an async handler's future, capturing the guard's outcome.
 pub fn run_async<Fut, R>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
 where

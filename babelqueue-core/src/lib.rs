@@ -68,7 +68,7 @@ pub use lease::{AsyncLeaseStore, InFlight, LeaseStore};
 pub use memory::InMemoryStore;
 pub use namespace::Namespace;
 pub use runtime::{App, InMemoryTransport, Permanent, RetryPolicy, Transport, TransportError};
-pub use store::{AsyncStore, Store};
+pub use store::{AsyncStore, IntoHandlerError, Store};
 pub use store_error::StoreUnavailable;
 
 #[allow(deprecated)]

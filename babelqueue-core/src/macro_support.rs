@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::envelope::Envelope;
 use crate::extract::{FromEnvelope, StateMap};
 use crate::guard::{
-    HandlerResult, Outcome, guard_ttl_async, guard_lease, guard_lease_async, guard_ttl,
+    HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
@@ -295,7 +295,7 @@ guard_trait! {
         label = "this `store = ...` does not implement `babelqueue::AsyncStore`",
         note = "an `async fn` needs an `AsyncStore` (`InMemoryStore`, the Redis, PostgreSQL or SQLite stores, or your own impl); a store implementing only the blocking `Store` needs a sync fn"
     )]
-    AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, guard_ttl_async, (), async
+    AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, guard_async_ttl, (), async
 }
 
 guard_trait! {

@@ -44,7 +44,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{
-    AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseStore, LeaseToken, Store,
+    AsyncLeaseStore, AsyncStore, lease::Claim, retention::DEFAULT_RETENTION, LeaseStore, lease::LeaseToken, Store,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 

@@ -129,6 +129,7 @@ impl Delivery {
     }
 }
 
+#[doc(hidden)]
 /// Encodes a list element: the body itself when `headers` is `None` or empty (the element
 /// IS the envelope, byte for byte), else a header frame
 /// `{"__bq_frame":1,"headers":{…},"body":"<body as a JSON string>"}`.
@@ -160,6 +161,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+#[doc(hidden)]
 /// Unwraps a header frame: `Some((headers, body))` when `element` is a JSON object whose
 /// `__bq_frame` is `1` and whose `body` is a string; `None` for anything else (a bare
 /// envelope, or bytes that are not a frame).
