@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
-use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_ttl_async, guard_lease_async};
+use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_lease_async, guard_ttl_async};
 
 const RUNS: usize = 5;
 

@@ -30,8 +30,8 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, BoxError, dyn_store::DynStore, dyn_store::DynStoreError, Envelope, EnvelopeError, InMemoryStore,
-    store::IntoHandlerError, guard_lease_async, handler, idempotent,
+    AsyncLeaseStore, BoxError, Envelope, EnvelopeError, InMemoryStore, dyn_store::DynStore,
+    dyn_store::DynStoreError, guard_lease_async, handler, idempotent, store::IntoHandlerError,
 };
 use serde::{Deserialize, Serialize};
 

@@ -15,8 +15,8 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncStore, BoxError, Envelope, InMemoryStore, store::IntoHandlerError, Outcome,
-    guard_fingerprint_async, guard_fingerprint,
+    AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, guard_fingerprint,
+    guard_fingerprint_async, store::IntoHandlerError,
 };
 use serde_json::json;
 

@@ -6,7 +6,7 @@ mod idemp_support;
 
 use babelqueue::namespace::{Namespace, handler_key};
 use babelqueue::redis::redis::AsyncCommands;
-use babelqueue::{AsyncStore, BoxError, Envelope, InMemoryStore, store::IntoHandlerError, Outcome};
+use babelqueue::{AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, store::IntoHandlerError};
 use babelqueue::{guard_async, guard_ttl_async};
 use serde_json::json;
 use std::time::Duration;

@@ -41,7 +41,10 @@ async fn renewed_lease_holds_under_paused_time() {
     use std::time::Duration;
 
     use babelqueue::lease::current_fencing_token;
-    use babelqueue::{BoxError, lease::Claim, InFlight, lease::LeaseHealth, Outcome, guard::guard_lease_report_async};
+    use babelqueue::{
+        BoxError, InFlight, Outcome, guard::guard_lease_report_async, lease::Claim,
+        lease::LeaseHealth,
+    };
 
     let store = Arc::new(InMemoryStore::new());
     let effects = Arc::new(AtomicUsize::new(0));

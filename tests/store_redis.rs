@@ -10,7 +10,7 @@ use std::time::Duration;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{AsyncLeaseStore, AsyncStore, lease::Claim, InFlight, Outcome, guard_lease_async};
+use babelqueue::{AsyncLeaseStore, AsyncStore, InFlight, Outcome, guard_lease_async, lease::Claim};
 
 fn url() -> String {
     std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())

@@ -8,7 +8,7 @@ use std::time::Duration;
 use babelqueue::sqlite::rusqlite;
 use babelqueue::sqlite::{SqliteStore, SqliteStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{lease::Claim, LeaseStore, Store};
+use babelqueue::{LeaseStore, Store, lease::Claim};
 
 fn file_for(namespace: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{namespace}.sqlite3"))

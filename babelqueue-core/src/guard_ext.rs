@@ -10,8 +10,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::fingerprint::{
-    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_fingerprint_async,
-    guard_fingerprint,
+    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_fingerprint,
+    guard_fingerprint_async,
 };
 use crate::guard::{HandlerResult, Outcome};
 use crate::macro_support::{IdempotentReturn, StoreErrorFits};

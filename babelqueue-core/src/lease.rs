@@ -106,7 +106,7 @@ impl LeaseToken {
     /// The same token carrying the claim's fencing token (what a store's `claim` sets).
     ///
     /// ```
-    /// let t = babelqueue_core::LeaseToken::new().with_fence(7);
+    /// let t = babelqueue_core::lease::LeaseToken::new().with_fence(7);
     /// assert_eq!(t.fence(), Some(7));
     /// ```
     #[must_use]

@@ -69,7 +69,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_ttl_async, guard_lease, guard_lease_async, guard_ttl};
+use crate::guard::{Outcome, guard_lease, guard_lease_async, guard_ttl, guard_ttl_async};
 use crate::handler::{BoxError, BoxFuture};
 use crate::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};

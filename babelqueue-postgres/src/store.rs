@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, lease::Claim, retention::DEFAULT_RETENTION, lease::LeaseToken};
+use babelqueue_core::{
+    AsyncLeaseStore, AsyncStore, lease::Claim, lease::LeaseToken, retention::DEFAULT_RETENTION,
+};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;

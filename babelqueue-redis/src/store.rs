@@ -42,7 +42,9 @@ use std::time::Duration;
 use babelqueue_core::fingerprint::{AsyncFingerprintStore, Fingerprint, Lookup};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, lease::Claim, retention::DEFAULT_RETENTION, lease::LeaseToken};
+use babelqueue_core::{
+    AsyncLeaseStore, AsyncStore, lease::Claim, lease::LeaseToken, retention::DEFAULT_RETENTION,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 

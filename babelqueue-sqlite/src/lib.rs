@@ -44,7 +44,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{
-    AsyncLeaseStore, AsyncStore, lease::Claim, retention::DEFAULT_RETENTION, LeaseStore, lease::LeaseToken, Store,
+    AsyncLeaseStore, AsyncStore, LeaseStore, Store, lease::Claim, lease::LeaseToken,
+    retention::DEFAULT_RETENTION,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 

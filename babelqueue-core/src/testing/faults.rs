@@ -51,7 +51,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_ttl_async, guard_lease_async};
+use crate::guard::{Outcome, guard_lease_async, guard_ttl_async};
 use crate::handler::BoxError;
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
