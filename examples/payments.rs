@@ -46,9 +46,9 @@ struct Payment {
 
 #[derive(Debug, thiserror::Error)]
 enum ChargeError {
-    #[error("the dedupe store failed: {0}")]
+    #[error("the dedupe store failed")]
     Store(#[from] DynStoreError),
-    #[error("not a payment: {0}")]
+    #[error("not a payment")]
     Payload(#[from] EnvelopeError),
     #[error("payment gateway hiccup (transient)")]
     Gateway,

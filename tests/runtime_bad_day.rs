@@ -83,7 +83,7 @@ impl AsyncStore for FlakyStore {
 
 #[derive(Debug, thiserror::Error)]
 enum ChargeError {
-    #[error("dedupe store: {0}")]
+    #[error("dedupe store failed")]
     Store(#[from] std::io::Error),
     #[error("gateway hiccup")]
     Gateway,

@@ -8,7 +8,7 @@ use crate::store::AsyncStore;
 
 /// The error of a [`DynStore`]: the backend's error, boxed.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
+#[error("the dedupe store failed")]
 pub struct DynStoreError(#[source] pub BoxError);
 
 crate::handler_error_from!(DynStoreError);

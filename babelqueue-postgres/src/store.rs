@@ -32,19 +32,19 @@ const CLIENT_MARGIN: Duration = Duration::from_millis(500);
 #[non_exhaustive]
 pub enum PostgresStoreError {
     /// The table name is not a plain SQL identifier.
-    #[error("postgres store: {0}")]
+    #[error("postgres store: invalid table name")]
     InvalidTableName(#[from] InvalidTableName),
     /// The connection URL could not be parsed.
-    #[error("postgres store: invalid connection URL: {0}")]
+    #[error("postgres store: invalid connection URL")]
     InvalidUrl(#[source] tokio_postgres::Error),
     /// The pool could not be built.
-    #[error("postgres store: building the pool failed: {0}")]
+    #[error("postgres store: building the pool failed")]
     Build(#[from] deadpool_postgres::BuildError),
     /// No connection could be had from the pool (server down, timeout).
-    #[error("postgres store: no connection: {0}")]
+    #[error("postgres store: no connection")]
     Pool(#[from] deadpool_postgres::PoolError),
     /// A statement failed.
-    #[error("postgres store: {0}")]
+    #[error("postgres store: statement failed")]
     Db(#[from] tokio_postgres::Error),
     /// The claim statement answered something it never returns.
     #[error("postgres store: unexpected claim state {0:?}")]

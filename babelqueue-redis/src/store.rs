@@ -122,7 +122,7 @@ return 0
 #[non_exhaustive]
 pub enum RedisStoreError {
     /// The URL could not be parsed, the connection failed, or a command failed.
-    #[error("redis store: {0}")]
+    #[error("redis store: command failed")]
     Redis(#[from] redis::RedisError),
     /// A script answered something this store never returns (another program wrote
     /// a script with the same SHA, or the server is not Redis-compatible).

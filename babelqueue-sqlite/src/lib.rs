@@ -79,7 +79,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum SqliteStoreError {
     /// Opening the file or a statement failed (including `SQLITE_BUSY` after the busy
     /// timeout).
-    #[error("sqlite store: {0}")]
+    #[error("sqlite store: SQLite call failed")]
     Sqlite(#[from] rusqlite::Error),
     /// The table name is not a plain SQL identifier.
     #[error(

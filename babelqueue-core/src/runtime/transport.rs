@@ -22,10 +22,10 @@ pub const FRAME_KEY: &str = "__bq_frame";
 pub enum TransportError {
     /// The connection to the broker failed or was lost. The runtime backs off and
     /// reconnects; the operation may or may not have reached the broker.
-    #[error("broker connection failed: {0}")]
+    #[error("broker connection failed")]
     Connection(#[source] BoxError),
     /// The broker answered with an error, or the transport failed otherwise.
-    #[error("broker error: {0}")]
+    #[error("broker error")]
     Backend(#[source] BoxError),
     /// A body given to a framing publish is not UTF-8 (a frame carries it as a string).
     #[error("a framed body must be UTF-8 (the frame carries it as a JSON string)")]
