@@ -36,10 +36,13 @@ pub use babelqueue_macros::handler;
 ///
 /// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 ///
+/// #[derive(serde::Deserialize)]
+/// struct Payment { amount: u64 }
+///
 /// #[handler("urn:babel:payments:charge")]
 /// #[idempotent(store = STORE)]
-/// fn charge(Json(amount): Json<u64>, attempts: Attempts) -> Result<(), std::io::Error> {
-///     println!("charging {amount} (attempt {})", attempts.0 + 1);
+/// fn charge(Json(p): Json<Payment>, env: &Envelope, attempts: Attempts) -> Result<(), BoxError> {
+///     println!("charging {} for {} (attempt {})", p.amount, env.meta.id, attempts.0 + 1);
 ///     Ok(())
 /// }
 ///

@@ -191,8 +191,8 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-#[doc(hidden)]
 /// Current time as Unix epoch milliseconds.
+#[doc(hidden)]
 pub fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

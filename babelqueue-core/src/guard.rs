@@ -105,7 +105,6 @@ fn record(outcome: Outcome) {
     }
 }
 
-#[doc(hidden)]
 /// Runs `fut` and returns what the (last) guard inside it decided, if any guard ran.
 ///
 /// This is how a runtime learns that a handler's `Ok(())` was a skipped duplicate:
@@ -122,6 +121,7 @@ fn record(outcome: Outcome) {
 /// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Skipped));
 /// # });
 /// ```
+#[doc(hidden)]
 pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
     CURRENT
         .scope(Cell::new(None), async move {
@@ -131,7 +131,6 @@ pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) 
         .await
 }
 
-#[doc(hidden)]
 /// The blocking counterpart of [`capture_outcome`], for sync handlers.
 ///
 /// ```
@@ -141,6 +140,7 @@ pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) 
 /// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Ran));
 /// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Skipped));
 /// ```
+#[doc(hidden)]
 pub fn capture_outcome_sync<T>(f: impl FnOnce() -> T) -> (T, Option<Outcome>) {
     let depth = CAPTURE_DEPTH.with(|d| {
         d.set(d.get() + 1);

@@ -153,10 +153,10 @@ where
     }
 }
 
-#[doc(hidden)]
 /// Runs a blocking handler: on tokio's blocking pool when a runtime is present (so a
 /// sync store never blocks a worker thread), inline otherwise. A panic becomes a
 /// [`HandlerError`].
+#[doc(hidden)]
 pub fn run_sync<F, R>(f: F) -> BoxFuture<'static, HandlerOutput>
 where
     F: FnOnce() -> R + Send + 'static,
@@ -193,8 +193,8 @@ where
     }
 }
 
-#[doc(hidden)]
 /// Runs an async handler's future, capturing the guard's outcome.
+#[doc(hidden)]
 pub fn run_async<Fut, R>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
 where
     Fut: Future<Output = R> + Send + 'static,

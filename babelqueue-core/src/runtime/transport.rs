@@ -129,7 +129,6 @@ impl Delivery {
     }
 }
 
-#[doc(hidden)]
 /// Encodes a list element: the body itself when `headers` is `None` or empty (the element
 /// IS the envelope, byte for byte), else a header frame
 /// `{"__bq_frame":1,"headers":{…},"body":"<body as a JSON string>"}`.
@@ -145,6 +144,7 @@ impl Delivery {
 /// );
 /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
 /// ```
+#[doc(hidden)]
 pub fn encode_element(body: &[u8], headers: Option<&Headers>) -> Result<Vec<u8>, TransportError> {
     let Some(headers) = headers.filter(|h| !h.is_empty()) else {
         return Ok(body.to_vec());
@@ -161,10 +161,10 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-#[doc(hidden)]
 /// Unwraps a header frame: `Some((headers, body))` when `element` is a JSON object whose
 /// `__bq_frame` is `1` and whose `body` is a string; `None` for anything else (a bare
 /// envelope, or bytes that are not a frame).
+#[doc(hidden)]
 pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     let start = element.iter().position(|b| !b.is_ascii_whitespace())?;
     if element[start] != b'{' || !contains(element, b"\"__bq_frame\"") {
