@@ -67,3 +67,58 @@ where
 {
     crate::fingerprint::guard_fingerprint_async(store, key, fingerprint, ttl, handler).await
 }
+
+#[cfg(test)]
+#[allow(deprecated)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::fingerprint::Fingerprint;
+    use crate::guard::Outcome;
+    use crate::lease::InFlight;
+    use crate::memory::InMemoryStore;
+
+    #[derive(Debug)]
+    enum Error {
+        Busy,
+        Mismatch,
+    }
+    impl From<InFlight> for Error {
+        fn from(_: InFlight) -> Self {
+            Error::Busy
+        }
+    }
+    impl From<crate::fingerprint::PayloadMismatch> for Error {
+        fn from(_: crate::fingerprint::PayloadMismatch) -> Self {
+            Error::Mismatch
+        }
+    }
+
+    /// The deprecated names still guard: the second call of each is a skip.
+    #[tokio::test]
+    async fn the_old_names_forward_to_the_new_ones() {
+        let store = InMemoryStore::new();
+        let ok = || async { Ok::<(), Error>(()) };
+        let first = crate::guard_async_ttl(&store, "ttl", None, ok())
+            .await
+            .unwrap();
+        let again = crate::guard_async_ttl(&store, "ttl", None, ok())
+            .await
+            .unwrap();
+        assert_eq!((first, again), (Outcome::Ran, Outcome::Skipped));
+        let r =
+            crate::guard_lease_async_report(&store, "lease", Duration::from_secs(5), None, ok())
+                .await
+                .unwrap();
+        assert_eq!(r.outcome, Outcome::Ran);
+        let fp = Fingerprint::of_bytes(b"a");
+        let out = crate::guard_async_fingerprint(&store, "fp", fp, None, ok())
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Ran);
+        let other = Fingerprint::of_bytes(b"b");
+        let err = crate::guard_async_fingerprint(&store, "fp", other, None, ok()).await;
+        assert!(matches!(err, Err(Error::Mismatch)), "{err:?}");
+        let _ = Error::Busy;
+    }
+}
