@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
-use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_async_ttl, guard_lease_async};
+use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_lease_async, guard_ttl_async};
 
 const RUNS: usize = 5;
 
@@ -430,7 +430,7 @@ async fn redis_round_trips() {
                     })
                     .await
                 } else {
-                    guard_async_ttl(&store, id.as_str(), None, async { Ok::<(), BoxError>(()) })
+                    guard_ttl_async(&store, id.as_str(), None, async { Ok::<(), BoxError>(()) })
                         .await
                 };
                 let out = r.expect("guard");

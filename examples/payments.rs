@@ -30,8 +30,8 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, BoxError, DynStore, DynStoreError, Envelope, EnvelopeError, InMemoryStore,
-    IntoHandlerError, guard_lease_async, handler, idempotent,
+    AsyncLeaseStore, BoxError, Envelope, EnvelopeError, InMemoryStore, dyn_store::DynStore,
+    dyn_store::DynStoreError, guard_lease_async, handler, idempotent, store::IntoHandlerError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -46,9 +46,9 @@ struct Payment {
 
 #[derive(Debug, thiserror::Error)]
 enum ChargeError {
-    #[error("the dedupe store failed: {0}")]
+    #[error("the dedupe store failed")]
     Store(#[from] DynStoreError),
-    #[error("not a payment: {0}")]
+    #[error("not a payment")]
     Payload(#[from] EnvelopeError),
     #[error("payment gateway hiccup (transient)")]
     Gateway,

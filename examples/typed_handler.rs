@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    App, Attempts, DynStore, DynStoreError, Envelope, InMemoryStore, InMemoryTransport, Json,
-    Router, State, handler, idempotent,
+    App, Attempts, Envelope, InMemoryStore, InMemoryTransport, Json, Router, State,
+    dyn_store::DynStore, dyn_store::DynStoreError, handler, idempotent,
 };
 
 const CHARGE: &str = "urn:babel:payments:charge";

@@ -26,6 +26,35 @@ pub use babelqueue_macros::idempotent;
 #[doc(inline)]
 pub use babelqueue_macros::handler;
 
+/// What a handler author needs, in one import: the envelope, the extractors, the guards,
+/// the store traits and the in-memory store, the router and the runtime's [`App`], and
+/// the `#[handler]` / `#[idempotent]` macros.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use babelqueue::prelude::*;
+///
+/// static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
+///
+/// #[derive(serde::Deserialize)]
+/// struct Payment { amount: u64 }
+///
+/// #[handler("urn:babel:payments:charge")]
+/// #[idempotent(store = STORE)]
+/// fn charge(Json(p): Json<Payment>, env: &Envelope, attempts: Attempts) -> Result<(), BoxError> {
+///     println!("charging {} for {} (attempt {})", p.amount, env.meta.id, attempts.0 + 1);
+///     Ok(())
+/// }
+///
+/// let router = Router::new().register(charge {});
+/// assert_eq!(router.urns().collect::<Vec<_>>(), ["urn:babel:payments:charge"]);
+/// ```
+pub mod prelude {
+    pub use babelqueue_core::prelude::*;
+    #[doc(no_inline)]
+    pub use babelqueue_macros::{handler, idempotent};
+}
+
 /// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

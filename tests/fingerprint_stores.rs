@@ -15,8 +15,8 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, Outcome,
-    guard_async_fingerprint, guard_fingerprint,
+    AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, guard_fingerprint,
+    guard_fingerprint_async, store::IntoHandlerError,
 };
 use serde_json::json;
 
@@ -39,7 +39,7 @@ where
     S: AsyncFingerprintStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    let out = guard_async_fingerprint(store, key, fingerprint, None, async {
+    let out = guard_fingerprint_async(store, key, fingerprint, None, async {
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<(), BoxError>(())
     })
@@ -322,7 +322,7 @@ async fn the_runtime_dead_letters_a_mismatch_as_failed() {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
                 let key = handler_key(&env, None, &env.data["payment_id"]);
-                guard_async_fingerprint(&*st, key, Fingerprint::of_envelope(&env), None, async {
+                guard_fingerprint_async(&*st, key, Fingerprint::of_envelope(&env), None, async {
                     ch.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), BoxError>(())
                 })

@@ -520,7 +520,7 @@ async fn lease_mode_fleet_with_restarts_and_a_kill_charges_each_payment_once() {
 /// task).
 struct Drainer {
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<babelqueue::Stats>,
+    task: tokio::task::JoinHandle<babelqueue::runtime::Stats>,
 }
 
 async fn start_drainer(broker: &str, queue: &str, prefix: &str, handler: Duration) -> Drainer {

@@ -5,7 +5,8 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use babelqueue::{
-    Envelope, InMemoryStore, Outcome, Router, TypedHandler, UnknownUrn, handler, idempotent,
+    Envelope, InMemoryStore, Outcome, Router, TypedHandler, handler, handler::UnknownUrn,
+    idempotent,
 };
 
 static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);

@@ -6,8 +6,8 @@ mod idemp_support;
 
 use babelqueue::namespace::{Namespace, handler_key};
 use babelqueue::redis::redis::AsyncCommands;
-use babelqueue::{AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, Outcome};
-use babelqueue::{guard_async, guard_async_ttl};
+use babelqueue::{AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, store::IntoHandlerError};
+use babelqueue::{guard_async, guard_ttl_async};
 use serde_json::json;
 use std::time::Duration;
 
@@ -156,7 +156,7 @@ async fn a_ttl_applies_to_namespaced_keys_too() {
     let store = InMemoryStore::new();
     let env = Envelope::new(CHARGE, json!({"payment_id": "p"})).unwrap();
     let key = handler_key(&env, None, "p");
-    let out = guard_async_ttl(
+    let out = guard_ttl_async(
         &store,
         key.clone(),
         Some(Duration::from_millis(20)),

@@ -12,7 +12,7 @@ use babelqueue::redis::{
     RedisStore, RedisTransport, consumer_processing_list, keys::queue_keys, processing_list,
 };
 use babelqueue::runtime::{App, Transport, recover_poison};
-use babelqueue::{Envelope, guard_async, now_millis};
+use babelqueue::{Envelope, envelope::now_millis, guard_async};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::sqlite::SqliteStore;
-use babelqueue::{AsyncStore, DEFAULT_RETENTION, InMemoryStore, Store};
+use babelqueue::{AsyncStore, InMemoryStore, Store, retention::DEFAULT_RETENTION};
 
 use idemp_support::*;
 

@@ -83,7 +83,7 @@ impl AsyncStore for FlakyStore {
 
 #[derive(Debug, thiserror::Error)]
 enum ChargeError {
-    #[error("dedupe store: {0}")]
+    #[error("dedupe store failed")]
     Store(#[from] std::io::Error),
     #[error("gateway hiccup")]
     Gateway,
@@ -668,7 +668,7 @@ async fn release_is_capped_and_spaced_not_a_hot_loop() {
     let t = InMemoryTransport::new();
     let app = App::new(t.clone())
         .queue("q")
-        .unknown_urn(babelqueue::UnknownUrnStrategy::Release);
+        .unknown_urn(babelqueue::runtime::UnknownUrnStrategy::Release);
     app.publish("urn:babel:nobody:handles", &json!({}))
         .await
         .unwrap();

@@ -9,8 +9,8 @@ use babelqueue::runtime::{
     UnknownUrnStrategy, recover_poison,
 };
 use babelqueue::{
-    AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, guard_async,
-    guard_lease_async, now_millis,
+    AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, envelope::now_millis,
+    guard_async, guard_lease_async,
 };
 use serde_json::{Value, json};
 
@@ -497,7 +497,7 @@ async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
     let env = envelope("q", json!({"payment_id": "pay_1"}));
     let bytes = env.encode();
     // Another worker holds the id.
-    let babelqueue::Claim::Acquired(token) =
+    let babelqueue::lease::Claim::Acquired(token) =
         AsyncLeaseStore::claim(&*store, &env.meta.id, Duration::from_secs(30))
             .await
             .unwrap()

@@ -17,7 +17,7 @@ use babelqueue::postgres::PostgresStore;
 use babelqueue::postgres::tokio_postgres::{self, NoTls};
 use babelqueue::redis::RedisStore;
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats};
-use babelqueue::{AsyncStore, BoxError, Envelope, IntoHandlerError, guard_async};
+use babelqueue::{AsyncStore, BoxError, Envelope, guard_async, store::IntoHandlerError};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";

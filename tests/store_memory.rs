@@ -41,7 +41,10 @@ async fn renewed_lease_holds_under_paused_time() {
     use std::time::Duration;
 
     use babelqueue::lease::current_fencing_token;
-    use babelqueue::{BoxError, Claim, InFlight, LeaseHealth, Outcome, guard_lease_async_report};
+    use babelqueue::{
+        BoxError, InFlight, Outcome, guard::guard_lease_report_async, lease::Claim,
+        lease::LeaseHealth,
+    };
 
     let store = Arc::new(InMemoryStore::new());
     let effects = Arc::new(AtomicUsize::new(0));
@@ -51,7 +54,7 @@ async fn renewed_lease_holds_under_paused_time() {
             tokio::spawn(async move {
                 loop {
                     let effects = Arc::clone(&effects);
-                    let r = guard_lease_async_report(
+                    let r = guard_lease_report_async(
                         &*store,
                         "pay_7f3a",
                         Duration::from_millis(300),

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use babelqueue::postgres::tokio_postgres::{self, NoTls};
 use babelqueue::postgres::{PostgresStore, PostgresStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{AsyncLeaseStore, AsyncStore, BoxError, Claim, Outcome, guard_lease_async};
+use babelqueue::{AsyncLeaseStore, AsyncStore, BoxError, Outcome, guard_lease_async, lease::Claim};
 
 const NEEDS_PG: &str = "PostgreSQL must be reachable at BABELQUEUE_POSTGRES_URL \
                         (default postgres://postgres@127.0.0.1:5432/test)";

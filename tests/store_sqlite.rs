@@ -8,7 +8,7 @@ use std::time::Duration;
 use babelqueue::sqlite::rusqlite;
 use babelqueue::sqlite::{SqliteStore, SqliteStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{Claim, LeaseStore, Store};
+use babelqueue::{LeaseStore, Store, lease::Claim};
 
 fn file_for(namespace: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{namespace}.sqlite3"))
@@ -177,7 +177,7 @@ fn file_is_in_wal_mode_with_the_documented_layout() -> Result<(), Box<dyn std::e
     let raw = rusqlite::Connection::open(&file.0)?;
     let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
     assert_eq!(mode, "wal");
-    let now = babelqueue::now_millis();
+    let now = babelqueue::envelope::now_millis();
     let row = |id: &str| -> rusqlite::Result<RawRow> {
         raw.query_row(
             "SELECT created_at, expires_at, lease_token, lease_expires_at \

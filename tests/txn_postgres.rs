@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use babelqueue::fingerprint::{Fingerprint, PayloadMismatch};
 use babelqueue::postgres::{PostgresStore, PostgresStoreError};
-use babelqueue::{AsyncStore, BoxError, Envelope, Outcome, capture_outcome};
+use babelqueue::{AsyncStore, BoxError, Envelope, Outcome, guard::capture_outcome};
 use serde_json::json;
 
 use idemp_support::*;

@@ -12,7 +12,9 @@ use std::time::Duration;
 use babelqueue::fingerprint::{Fingerprint, PayloadMismatch};
 use babelqueue::sqlite::rusqlite::{self, Transaction};
 use babelqueue::sqlite::{SqliteStore, SqliteStoreError};
-use babelqueue::{BoxError, Envelope, Outcome, Store, capture_outcome, capture_outcome_sync};
+use babelqueue::{
+    BoxError, Envelope, Outcome, Store, guard::capture_outcome, guard::capture_outcome_sync,
+};
 use serde_json::json;
 
 use idemp_support::*;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use babelqueue::{
-    Attempts, Envelope, InMemoryStore, Json, Meta, MissingState, Outcome, PayloadError, Router,
-    State, Store, TypedHandler, handler, idempotent,
+    Attempts, Envelope, InMemoryStore, Json, Meta, Outcome, Router, State, Store, TypedHandler,
+    extract::MissingState, extract::PayloadError, handler, idempotent,
 };
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]

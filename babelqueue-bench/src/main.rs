@@ -29,8 +29,8 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::App;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, IntoHandlerError, guard_async,
-    guard_lease_async,
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, guard_async, guard_lease_async,
+    store::IntoHandlerError,
 };
 use clap::{Parser, ValueEnum};
 use rand::SeedableRng;

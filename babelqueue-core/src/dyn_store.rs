@@ -8,7 +8,7 @@ use crate::store::AsyncStore;
 
 /// The error of a [`DynStore`]: the backend's error, boxed.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
+#[error("the dedupe store failed")]
 pub struct DynStoreError(#[source] pub BoxError);
 
 crate::handler_error_from!(DynStoreError);
@@ -50,7 +50,7 @@ impl<S: AsyncStore + 'static> ErasedStore for S {
 ///
 /// ```
 /// use std::sync::OnceLock;
-/// use babelqueue_core::{AsyncStore, DynStore, InMemoryStore};
+/// use babelqueue_core::{AsyncStore, dyn_store::DynStore, InMemoryStore};
 ///
 /// static STORE: OnceLock<DynStore> = OnceLock::new();
 /// fn store() -> &'static DynStore {

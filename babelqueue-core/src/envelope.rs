@@ -176,7 +176,7 @@ pub enum EnvelopeError {
     #[error("the payload must serialize to a JSON object, found {0}")]
     PayloadNotAnObject(&'static str),
     /// Serializing or deserializing the payload failed.
-    #[error("payload (de)serialization failed: {0}")]
+    #[error("payload (de)serialization failed")]
     Payload(#[from] serde_json::Error),
 }
 
@@ -192,6 +192,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// Current time as Unix epoch milliseconds.
+#[doc(hidden)]
 pub fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

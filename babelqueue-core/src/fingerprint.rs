@@ -3,7 +3,7 @@
 //! The seen-set skips every delivery whose key it has seen. With a custom key (say a
 //! `payment_id`), a bug that reuses the key for a *different* payload (another amount)
 //! would be skipped silently. A fingerprinting guard ([`guard_fingerprint`],
-//! [`guard_async_fingerprint`], `#[idempotent(fingerprint)]`) stores a digest of the
+//! [`guard_fingerprint_async`], `#[idempotent(fingerprint)]`) stores a digest of the
 //! payload with the key, and a later delivery of the same key:
 //!
 //! * with the same payload → skipped, as usual;
@@ -346,22 +346,27 @@ where
     Ok(crate::guard::done(Outcome::Ran))
 }
 
+/// The name the `#[idempotent]` expansion of earlier releases calls; use
+/// [`guard_fingerprint_async`].
+#[doc(hidden)]
+pub use guard_fingerprint_async as guard_async_fingerprint;
+
 /// The async counterpart of [`guard_fingerprint`].
 ///
 /// ```
-/// use babelqueue_core::fingerprint::{guard_async_fingerprint, Fingerprint, PayloadMismatch};
+/// use babelqueue_core::fingerprint::{guard_fingerprint_async, Fingerprint, PayloadMismatch};
 /// use babelqueue_core::{InMemoryStore, Outcome};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = InMemoryStore::new();
 /// let fp = |amount: u32| Fingerprint::of_data(&serde_json::json!({"amount": amount}));
 /// let ok = async { Ok::<(), PayloadMismatch>(()) };
-/// assert_eq!(guard_async_fingerprint(&store, "k", fp(1), None, ok).await, Ok(Outcome::Ran));
+/// assert_eq!(guard_fingerprint_async(&store, "k", fp(1), None, ok).await, Ok(Outcome::Ran));
 /// let ok = async { Ok::<(), PayloadMismatch>(()) };
-/// let err = guard_async_fingerprint(&store, "k", fp(2), None, ok).await.unwrap_err();
+/// let err = guard_fingerprint_async(&store, "k", fp(2), None, ok).await.unwrap_err();
 /// assert!(err.to_string().contains("differs from the first delivery"));
 /// # });
 /// ```
-pub async fn guard_async_fingerprint<S, K, Fut, R>(
+pub async fn guard_fingerprint_async<S, K, Fut, R>(
     store: &S,
     key: K,
     fingerprint: Fingerprint,

@@ -111,7 +111,7 @@ fn record(outcome: Outcome) {
 /// the guard records its [`Outcome`] in a task-local slot.
 ///
 /// ```
-/// use babelqueue_core::{capture_outcome, guard_async, InMemoryStore, Outcome};
+/// use babelqueue_core::{guard::capture_outcome, guard_async, InMemoryStore, Outcome};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = InMemoryStore::new();
 /// let handler = || async {
@@ -121,6 +121,7 @@ fn record(outcome: Outcome) {
 /// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Skipped));
 /// # });
 /// ```
+#[doc(hidden)]
 pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
     CURRENT
         .scope(Cell::new(None), async move {
@@ -133,12 +134,13 @@ pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) 
 /// The blocking counterpart of [`capture_outcome`], for sync handlers.
 ///
 /// ```
-/// use babelqueue_core::{capture_outcome_sync, guard, InMemoryStore, Outcome};
+/// use babelqueue_core::{guard::capture_outcome_sync, guard, InMemoryStore, Outcome};
 /// let store = InMemoryStore::new();
 /// let run = || guard(&store, "id-A", || ()).map(|_| ());
 /// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Ran));
 /// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Skipped));
 /// ```
+#[doc(hidden)]
 pub fn capture_outcome_sync<T>(f: impl FnOnce() -> T) -> (T, Option<Outcome>) {
     let depth = CAPTURE_DEPTH.with(|d| {
         d.set(d.get() + 1);
@@ -247,11 +249,16 @@ where
     R: HandlerResult,
     S::Error: IntoHandlerError<R::Error>,
 {
-    guard_async_ttl(store, key, None, handler).await
+    guard_ttl_async(store, key, None, handler).await
 }
 
+/// The name the `#[idempotent]` expansion of earlier releases calls; use
+/// [`guard_ttl_async`].
+#[doc(hidden)]
+pub use guard_ttl_async as guard_async_ttl;
+
 /// [`guard_async`] with a TTL for the remembered key (`None`: the store's default).
-pub async fn guard_async_ttl<S, K, Fut, R>(
+pub async fn guard_ttl_async<S, K, Fut, R>(
     store: &S,
     key: K,
     ttl: Option<Duration>,
@@ -420,14 +427,14 @@ where
     S::Error: IntoHandlerError<R::Error>,
     R::Error: From<InFlight>,
 {
-    guard_lease_async_report(store, key, lease, ttl, handler)
+    guard_lease_report_async(store, key, lease, ttl, handler)
         .await
         .map(|r| r.outcome)
 }
 
 /// [`guard_lease_async`] returning the typed [`LeasedOutcome`] (see
 /// [`guard_lease_report`]).
-pub async fn guard_lease_async_report<S, K, Fut, R>(
+pub async fn guard_lease_report_async<S, K, Fut, R>(
     store: &S,
     key: K,
     lease: Duration,

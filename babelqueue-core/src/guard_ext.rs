@@ -12,8 +12,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::fingerprint::{
-    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_async_fingerprint,
-    guard_fingerprint,
+    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_fingerprint,
+    guard_fingerprint_async,
 };
 use crate::guard::{HandlerResult, Outcome};
 use crate::macro_support::{IdempotentReturn, StoreErrorFits};
@@ -123,7 +123,7 @@ where
         ttl: Option<Duration>,
         body: Fut,
     ) -> R {
-        R::from_outcome(guard_async_fingerprint(self, key, fingerprint, ttl, body).await)
+        R::from_outcome(guard_fingerprint_async(self, key, fingerprint, ttl, body).await)
     }
 }
 

@@ -156,6 +156,7 @@ where
 /// Runs a blocking handler: on tokio's blocking pool when a runtime is present (so a
 /// sync store never blocks a worker thread), inline otherwise. A panic becomes a
 /// [`HandlerError`].
+#[doc(hidden)]
 pub fn run_sync<F, R>(f: F) -> BoxFuture<'static, HandlerOutput>
 where
     F: FnOnce() -> R + Send + 'static,
@@ -193,6 +194,7 @@ where
 }
 
 /// Runs an async handler's future, capturing the guard's outcome.
+#[doc(hidden)]
 pub fn run_async<Fut, R>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
 where
     Fut: Future<Output = R> + Send + 'static,

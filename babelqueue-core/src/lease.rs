@@ -25,7 +25,7 @@
 //! ended and the id may be running elsewhere) is logged and reported in the guard's
 //! typed result ([`LeasedOutcome::lease`], from
 //! [`guard_lease_report`](crate::guard::guard_lease_report) /
-//! [`guard_lease_async_report`](crate::guard::guard_lease_async_report)). When
+//! [`guard_lease_report_async`](crate::guard::guard_lease_report_async)). When
 //! `complete` is refused because the lease was lost, the guard still remembers the id if
 //! no other worker holds it (a plain `remember`), so a later duplicate is skipped.
 //!
@@ -106,7 +106,7 @@ impl LeaseToken {
     /// The same token carrying the claim's fencing token (what a store's `claim` sets).
     ///
     /// ```
-    /// let t = babelqueue_core::LeaseToken::new().with_fence(7);
+    /// let t = babelqueue_core::lease::LeaseToken::new().with_fence(7);
     /// assert_eq!(t.fence(), Some(7));
     /// ```
     #[must_use]
@@ -393,7 +393,7 @@ pub enum LeaseHealth {
 }
 
 /// The typed result of [`guard_lease_report`](crate::guard::guard_lease_report) /
-/// [`guard_lease_async_report`](crate::guard::guard_lease_async_report): what the guard
+/// [`guard_lease_report_async`](crate::guard::guard_lease_report_async): what the guard
 /// did, the claim's fencing token, and whether the lease held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeasedOutcome {

@@ -93,7 +93,7 @@ impl InMemoryStoreBuilder {
     /// ```
     /// let store = babelqueue_core::InMemoryStore::builder().keep_forever().build();
     /// assert_eq!(store.ttl(), None);
-    /// assert_eq!(babelqueue_core::InMemoryStore::new().ttl(), Some(babelqueue_core::DEFAULT_RETENTION));
+    /// assert_eq!(babelqueue_core::InMemoryStore::new().ttl(), Some(babelqueue_core::retention::DEFAULT_RETENTION));
     /// ```
     #[must_use]
     pub fn keep_forever(mut self) -> Self {

@@ -156,7 +156,7 @@ forward_async_store! {
 /// [`handler_error_from!`](crate::handler_error_from).
 ///
 /// ```
-/// use babelqueue_core::IntoHandlerError;
+/// use babelqueue_core::store::IntoHandlerError;
 /// #[derive(Debug)]
 /// struct ChargeError;
 /// fn convert(e: std::convert::Infallible) -> ChargeError { e.into_handler_error() }
@@ -189,13 +189,13 @@ impl<E> IntoHandlerError<E> for Infallible {
 /// struct HandlerError(MyStoreError);
 /// impl From<MyStoreError> for HandlerError { fn from(e: MyStoreError) -> Self { HandlerError(e) } }
 ///
-/// use babelqueue_core::IntoHandlerError;
+/// use babelqueue_core::store::IntoHandlerError;
 /// let e: HandlerError = MyStoreError.into_handler_error();
 /// ```
 #[macro_export]
 macro_rules! handler_error_from {
     ($($ty:ty),+ $(,)?) => {$(
-        impl<E: ::core::convert::From<$ty>> $crate::IntoHandlerError<E> for $ty {
+        impl<E: ::core::convert::From<$ty>> $crate::store::IntoHandlerError<E> for $ty {
             fn into_handler_error(self) -> E {
                 E::from(self)
             }

@@ -69,7 +69,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl};
+use crate::guard::{Outcome, guard_lease, guard_lease_async, guard_ttl, guard_ttl_async};
 use crate::handler::{BoxError, BoxFuture};
 use crate::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
@@ -379,7 +379,7 @@ pub fn awkward_id_pairs() -> Vec<(String, String)> {
 pub mod async_cases {
     use super::*;
 
-    /// Every conformance sequence through [`guard_async_ttl`], a fresh store each.
+    /// Every conformance sequence through [`guard_ttl_async`], a fresh store each.
     pub async fn conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -397,7 +397,7 @@ pub mod async_cases {
                 }
                 let ran = Cell::new(false);
                 let fail = d.outcome == Some(HandlerOutcome::Throw);
-                let result = guard_async_ttl(&store, &envelope(&d.meta_id), None, async {
+                let result = guard_ttl_async(&store, &envelope(&d.meta_id), None, async {
                     ran.set(true);
                     if fail {
                         Err(BoxError::from(Boom))

@@ -26,13 +26,13 @@
 //! retry sees the row and is skipped.
 //!
 //! This module holds what the stores' implementations share: recording the guard's
-//! [`Outcome`] so that the runtime's [`capture_outcome`](crate::capture_outcome) tells a
+//! [`Outcome`] so that the runtime's [`capture_outcome`](crate::guard::capture_outcome) tells a
 //! skipped duplicate from a run.
 
 use crate::guard::Outcome;
 
-/// Records `outcome` for [`capture_outcome`](crate::capture_outcome) /
-/// [`capture_outcome_sync`](crate::capture_outcome_sync) and returns it. For store
+/// Records `outcome` for [`capture_outcome`](crate::guard::capture_outcome) /
+/// [`capture_outcome_sync`](crate::guard::capture_outcome_sync) and returns it. For store
 /// implementations of a transactional guard (the seen-set guards record theirs).
 pub fn report(outcome: Outcome) -> Outcome {
     match outcome {

@@ -646,7 +646,9 @@ async fn metered_times_every_store_trait_and_counts_failures() {
     use babelqueue_core::runtime::metrics::{
         Metered, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL,
     };
-    use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, InMemoryStore, LeaseStore, Store};
+    use babelqueue_core::{
+        AsyncLeaseStore, AsyncStore, InMemoryStore, LeaseStore, Store, lease::Claim,
+    };
 
     /// A store whose every call fails.
     struct Down;

@@ -75,7 +75,7 @@ impl PostgresStore {
     /// returned [`Purger`] lives.
     ///
     /// Only rows whose `expires_at` has passed are deleted (every row this library writes
-    /// has one, by default [`babelqueue_core::DEFAULT_RETENTION`] ahead); rows without an
+    /// has one, by default [`babelqueue_core::retention::DEFAULT_RETENTION`] ahead); rows without an
     /// expiry (kept forever, or written so by another SDK) stay.
     ///
     /// ```no_run

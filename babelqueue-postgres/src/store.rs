@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseToken};
+use babelqueue_core::{
+    AsyncLeaseStore, AsyncStore, lease::Claim, lease::LeaseToken, retention::DEFAULT_RETENTION,
+};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
@@ -30,19 +32,19 @@ const CLIENT_MARGIN: Duration = Duration::from_millis(500);
 #[non_exhaustive]
 pub enum PostgresStoreError {
     /// The table name is not a plain SQL identifier.
-    #[error("postgres store: {0}")]
+    #[error("postgres store: invalid table name")]
     InvalidTableName(#[from] InvalidTableName),
     /// The connection URL could not be parsed.
-    #[error("postgres store: invalid connection URL: {0}")]
+    #[error("postgres store: invalid connection URL")]
     InvalidUrl(#[source] tokio_postgres::Error),
     /// The pool could not be built.
-    #[error("postgres store: building the pool failed: {0}")]
+    #[error("postgres store: building the pool failed")]
     Build(#[from] deadpool_postgres::BuildError),
     /// No connection could be had from the pool (server down, timeout).
-    #[error("postgres store: no connection: {0}")]
+    #[error("postgres store: no connection")]
     Pool(#[from] deadpool_postgres::PoolError),
     /// A statement failed.
-    #[error("postgres store: {0}")]
+    #[error("postgres store: statement failed")]
     Db(#[from] tokio_postgres::Error),
     /// The claim statement answered something it never returns.
     #[error("postgres store: unexpected claim state {0:?}")]

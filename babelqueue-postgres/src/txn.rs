@@ -5,7 +5,7 @@ use std::time::Duration;
 use babelqueue_core::fingerprint::{
     self, AsyncFingerprintStore, Fingerprint, Lookup, PayloadMismatch,
 };
-use babelqueue_core::{DedupeKey, HandlerResult, IntoHandlerError, Outcome, txn};
+use babelqueue_core::{DedupeKey, Outcome, guard::HandlerResult, store::IntoHandlerError, txn};
 use deadpool_postgres::Transaction;
 
 use crate::store::{PostgresStore, PostgresStoreError, millis};

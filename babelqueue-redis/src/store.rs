@@ -42,7 +42,9 @@ use std::time::Duration;
 use babelqueue_core::fingerprint::{AsyncFingerprintStore, Fingerprint, Lookup};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
-use babelqueue_core::{AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseToken};
+use babelqueue_core::{
+    AsyncLeaseStore, AsyncStore, lease::Claim, lease::LeaseToken, retention::DEFAULT_RETENTION,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
@@ -120,7 +122,7 @@ return 0
 #[non_exhaustive]
 pub enum RedisStoreError {
     /// The URL could not be parsed, the connection failed, or a command failed.
-    #[error("redis store: {0}")]
+    #[error("redis store: command failed")]
     Redis(#[from] redis::RedisError),
     /// A script answered something this store never returns (another program wrote
     /// a script with the same SHA, or the server is not Redis-compatible).

@@ -44,7 +44,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{
-    AsyncLeaseStore, AsyncStore, Claim, DEFAULT_RETENTION, LeaseStore, LeaseToken, Store,
+    AsyncLeaseStore, AsyncStore, LeaseStore, Store, lease::Claim, lease::LeaseToken,
+    retention::DEFAULT_RETENTION,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
@@ -78,7 +79,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum SqliteStoreError {
     /// Opening the file or a statement failed (including `SQLITE_BUSY` after the busy
     /// timeout).
-    #[error("sqlite store: {0}")]
+    #[error("sqlite store: SQLite call failed")]
     Sqlite(#[from] rusqlite::Error),
     /// The table name is not a plain SQL identifier.
     #[error(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use babelqueue_core::fingerprint::{
     self, AsyncFingerprintStore, Fingerprint, FingerprintStore, Lookup, PayloadMismatch,
 };
-use babelqueue_core::{DedupeKey, HandlerResult, IntoHandlerError, Outcome, txn};
+use babelqueue_core::{DedupeKey, Outcome, guard::HandlerResult, store::IntoHandlerError, txn};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::{Inner, SqliteStore, SqliteStoreError, deadline, now_ms};

@@ -22,10 +22,10 @@ pub const FRAME_KEY: &str = "__bq_frame";
 pub enum TransportError {
     /// The connection to the broker failed or was lost. The runtime backs off and
     /// reconnects; the operation may or may not have reached the broker.
-    #[error("broker connection failed: {0}")]
+    #[error("broker connection failed")]
     Connection(#[source] BoxError),
     /// The broker answered with an error, or the transport failed otherwise.
-    #[error("broker error: {0}")]
+    #[error("broker error")]
     Backend(#[source] BoxError),
     /// A body given to a framing publish is not UTF-8 (a frame carries it as a string).
     #[error("a framed body must be UTF-8 (the frame carries it as a JSON string)")]
@@ -144,6 +144,7 @@ impl Delivery {
 /// );
 /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
 /// ```
+#[doc(hidden)]
 pub fn encode_element(body: &[u8], headers: Option<&Headers>) -> Result<Vec<u8>, TransportError> {
     let Some(headers) = headers.filter(|h| !h.is_empty()) else {
         return Ok(body.to_vec());
@@ -163,6 +164,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Unwraps a header frame: `Some((headers, body))` when `element` is a JSON object whose
 /// `__bq_frame` is `1` and whose `body` is a string; `None` for anything else (a bare
 /// envelope, or bytes that are not a frame).
+#[doc(hidden)]
 pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     let start = element.iter().position(|b| !b.is_ascii_whitespace())?;
     if element[start] != b'{' || !contains(element, b"\"__bq_frame\"") {

@@ -51,7 +51,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_async_ttl, guard_lease_async};
+use crate::guard::{Outcome, guard_lease_async, guard_ttl_async};
 use crate::handler::BoxError;
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
@@ -492,7 +492,7 @@ impl<'a> Redelivery<'a> {
         self
     }
 
-    /// Through the seen-set guard ([`guard_async_ttl`]).
+    /// Through the seen-set guard ([`guard_ttl_async`]).
     pub async fn through_guard<S, H, Fut>(self, store: &S, handler: H) -> Deliveries
     where
         S: AsyncStore + ?Sized,
@@ -504,7 +504,7 @@ impl<'a> Redelivery<'a> {
         let one = |_: usize| async {
             let env = self.envelope.clone();
             let fut = handler(env);
-            let r = guard_async_ttl(store, self.envelope, self.ttl, async {
+            let r = guard_ttl_async(store, self.envelope, self.ttl, async {
                 effects.fetch_add(1, Ordering::SeqCst);
                 fut.await
             })

@@ -14,7 +14,7 @@ use crate::store::{AsyncStore, Store};
 /// exactly like the store it wraps: it implements [`Store`], [`AsyncStore`],
 /// [`LeaseStore`] and [`AsyncLeaseStore`] whenever the inner store does, so it goes
 /// wherever the inner store went (`#[idempotent(store = …)]`, [`guard`](crate::guard()),
-/// [`DynStore`](crate::DynStore)).
+/// [`DynStore`](crate::dyn_store::DynStore)).
 ///
 /// `op` is `seen`, `remember` (also for `remember_for`), `forget`, `claim`, `complete` or
 /// `release`; `store` is the name given to [`new`](Self::new).

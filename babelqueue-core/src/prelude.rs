@@ -1,0 +1,24 @@
+//! What a handler author needs, in one import.
+//!
+//! ```
+//! use babelqueue_core::prelude::*;
+//!
+//! let store = InMemoryStore::new();
+//! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
+//! assert_eq!(guard(&store, &env, || ())?, Outcome::Ran);
+//! assert_eq!(guard(&store, &env, || ())?, Outcome::Skipped);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The `babelqueue` facade's prelude adds the `#[handler]` and `#[idempotent]` macros.
+
+pub use crate::envelope::{DeadLetter, DecodeError, Envelope, EnvelopeError, Meta};
+pub use crate::extract::{Attempts, FromEnvelope, Json, State};
+pub use crate::fingerprint::{AsyncFingerprintStore, FingerprintStore, PayloadMismatch};
+pub use crate::guard::{Outcome, guard, guard_async};
+pub use crate::handler::{BoxError, HandlerError, Router};
+pub use crate::key::DedupeKey;
+pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
+pub use crate::memory::InMemoryStore;
+pub use crate::runtime::{App, InMemoryTransport, Permanent, RetryPolicy, Transport};
+pub use crate::store::{AsyncStore, Store};
