@@ -1,6 +1,6 @@
 //! The idempotency guard: the function form `#[idempotent]` expands to.
 //!
-//! The contract (SPEC section 3), for a key `k` (by default the envelope's `meta.id`):
+//! The contract every BabelQueue SDK's guard follows, for a key `k` (by default the envelope's `meta.id`):
 //!
 //! 1. no usable key (absent or empty) → run the handler, remember nothing (**fail open**);
 //! 2. `seen(k)` → skip: do not call the handler, return `Ok(Outcome::Skipped)` so the

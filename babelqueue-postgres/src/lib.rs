@@ -1,8 +1,7 @@
 //! # babelqueue-postgres
 //!
 //! The PostgreSQL backend of BabelQueue for Rust: [`PostgresStore`], the shared
-//! seen-set on the `babelqueue_idempotency` table that every BabelQueue SDK uses (SPEC
-//! section 3), with the in-flight lease mode on top (two additive nullable columns).
+//! seen-set on the `babelqueue_idempotency` table that every BabelQueue SDK uses, with the in-flight lease mode on top (two additive nullable columns).
 //!
 //! The DDL ships as `sql/babelqueue_idempotency.sql` ([`DDL`]); [`PostgresStore::migrate`]
 //! runs it for the configured, validated table name.

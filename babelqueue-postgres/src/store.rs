@@ -204,14 +204,14 @@ impl Statements {
 /// The shared seen-set on PostgreSQL (async; implements [`AsyncStore`] and
 /// [`AsyncLeaseStore`]), over a [`deadpool_postgres`] pool. Cheap to clone.
 ///
-/// The table is exactly the one of SPEC section 3 (`babelqueue_idempotency` by default,
+/// The table is exactly the one every BabelQueue SDK uses (`babelqueue_idempotency` by default,
 /// shared with the other SDKs), plus two nullable lease columns that
 /// [`migrate`](Self::migrate) adds. Ids are always bound as parameters; the table name
 /// is validated ([`TableName`]) before it is written into any statement.
 ///
 /// * `seen` = a live row exists (`expires_at IS NULL OR expires_at > now()`), the Go
 ///   SDK's query;
-/// * `remember` / [`claim`](Self::claim) = the SPEC's
+/// * `remember` / [`claim`](Self::claim) = the cross-SDK claim statement
 ///   `INSERT … ON CONFLICT (message_id) DO UPDATE … WHERE <expired> RETURNING message_id`;
 /// * `forget` = `DELETE`; [`purge_expired`](Self::purge_expired) deletes expired rows.
 ///
@@ -555,7 +555,7 @@ impl PostgresStore {
         Ok(row.try_get(0)?)
     }
 
-    /// Remembers `id` with the SPEC statement and returns whether this caller wrote the
+    /// Remembers `id` with the cross-SDK claim statement and returns whether this caller wrote the
     /// row: `true` for exactly one of any number of concurrent callers, `false` when a
     /// live row (remembered or in flight) already exists. `ttl` `None` = the store
     /// default.

@@ -1,6 +1,6 @@
 //! [`RedisStore`]: the shared seen-set on Redis, in the layout every BabelQueue SDK uses.
 //!
-//! # Layout (SPEC section 3, shared with the Go, Python, PHP, Java, Node and .NET SDKs)
+//! # Layout (shared with the Go, Python, PHP, Java, Node and .NET SDKs)
 //!
 //! | state | key | value | expiry |
 //! | --- | --- | --- | --- |

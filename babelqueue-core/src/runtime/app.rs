@@ -14,7 +14,8 @@ use crate::envelope::{Envelope, EnvelopeError};
 use crate::guard::HandlerResult;
 use crate::handler::{BoxError, Router, TypedHandler};
 
-/// What to do with a message whose URN has no registered handler (SPEC section 4).
+/// What to do with a message whose URN has no registered handler (the four strategies
+/// every BabelQueue SDK offers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UnknownUrnStrategy {
     /// Treat it as a handler failure: retried up to `max_attempts`, then dead-lettered
