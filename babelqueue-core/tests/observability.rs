@@ -3,7 +3,6 @@
 //! cause chain; with feature `metrics` the `babelqueue_*` metrics through a recorder; with
 //! feature `opentelemetry` the producer's `traceparent` as the message span's parent.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,85 +128,6 @@ async fn the_report_carries_the_handler_duration_and_the_headers() {
         }
     );
     assert_eq!((poison.duration, poison.urn.as_deref()), (None, None));
-}
-
-mod span_fields {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing_subscriber::layer::{Context, Layer};
-
-    /// Every `babelqueue.message` span's fields, by span id.
-    #[derive(Clone, Default)]
-    pub struct Capture(pub Arc<Mutex<HashMap<u64, HashMap<String, String>>>>);
-
-    struct Fields<'a>(&'a mut HashMap<String, String>);
-
-    impl Visit for Fields<'_> {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.insert(field.name().into(), format!("{value:?}"));
-        }
-        fn record_str(&mut self, field: &Field, value: &str) {
-            self.0.insert(field.name().into(), value.into());
-        }
-    }
-
-    impl<S: tracing::Subscriber> Layer<S> for Capture {
-        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
-            if attrs.metadata().name() == "babelqueue.message" {
-                let mut spans = self.0.lock().unwrap();
-                attrs.record(&mut Fields(spans.entry(id.into_u64()).or_default()));
-            }
-        }
-        fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
-            if let Some(fields) = self.0.lock().unwrap().get_mut(&id.into_u64()) {
-                values.record(&mut Fields(fields));
-            }
-        }
-    }
-}
-
-#[tokio::test]
-async fn the_message_span_follows_the_messaging_conventions() {
-    use tracing_subscriber::layer::SubscriberExt;
-
-    let capture = span_fields::Capture::default();
-    let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let _default = tracing::subscriber::set_default(subscriber);
-
-    let t = InMemoryTransport::new();
-    let app = App::new(t.clone())
-        .queue("obs-span")
-        .route_sync(CHARGE, |_: &Envelope| ());
-    let sent = app.publish(CHARGE, &json!({"amount": 1})).await.unwrap();
-    app.drain().await.unwrap();
-
-    let spans = capture.0.lock().unwrap();
-    let [fields] = &spans.values().collect::<Vec<_>>()[..] else {
-        panic!("one message span, got {spans:?}")
-    };
-    let body_size = sent.encode().len().to_string();
-    let expect: HashMap<&str, &str> = HashMap::from([
-        ("otel.name", "process obs-span"),
-        ("otel.kind", "consumer"),
-        ("messaging.system", "babelqueue"),
-        ("messaging.destination.name", "obs-span"),
-        ("messaging.operation.type", "process"),
-        ("messaging.operation.name", "process"),
-        ("messaging.message.body.size", body_size.as_str()),
-        ("messaging.message.id", sent.meta.id.as_str()),
-        ("messaging.message.conversation_id", sent.trace_id.as_str()),
-        ("queue", "obs-span"),
-        ("urn", CHARGE),
-        ("meta.id", sent.meta.id.as_str()),
-        ("trace_id", sent.trace_id.as_str()),
-        ("attempts", "0"),
-    ]);
-    for (k, v) in expect {
-        assert_eq!(fields.get(k).map(String::as_str), Some(v), "field {k}");
-    }
 }
 
 #[cfg(feature = "metrics")]
@@ -543,101 +463,6 @@ async fn queue_depth_and_in_flight_are_sampled_while_running() {
         rec.gauge(IN_FLIGHT, &[("queue", q)]).map(|g| g.0),
         Some(0.0)
     );
-}
-
-#[cfg(feature = "opentelemetry")]
-#[tokio::test]
-async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
-    use opentelemetry::trace::{SpanKind, TracerProvider as _};
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-    use tracing_subscriber::layer::SubscriberExt;
-
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("obs-test")));
-    let _default = tracing::subscriber::set_default(subscriber);
-
-    let q = "obs-otel";
-    let t = InMemoryTransport::new();
-    let app = App::new(t.clone())
-        .queue(q)
-        .route_sync(CHARGE, |_: &Envelope| {
-            tracing::info_span!("charge").in_scope(|| ())
-        });
-    let traced = Envelope::new(CHARGE, json!({"n": 1})).unwrap();
-    t.publish_with_headers(q, &traced.encode(), Some(&traced_headers()))
-        .await
-        .unwrap();
-    let untraced = app.publish(CHARGE, &json!({"n": 2})).await.unwrap();
-    app.drain().await.unwrap();
-    provider.force_flush().unwrap();
-
-    let spans = exporter.get_finished_spans().unwrap();
-    let message_spans: Vec<&SpanData> = spans
-        .iter()
-        .filter(|s| s.name == format!("process {q}"))
-        .collect();
-    assert_eq!(
-        message_spans.len(),
-        2,
-        "{:?}",
-        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-    );
-    let attr = |s: &SpanData, k: &str| {
-        s.attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == k)
-            .map(|kv| kv.value.to_string())
-    };
-    let find = |id: &str| {
-        *message_spans
-            .iter()
-            .find(|s| attr(s, "messaging.message.id").as_deref() == Some(id))
-            .expect("the message's span")
-    };
-    let traced_span = find(&traced.meta.id);
-    assert_eq!(
-        traced_span.span_context.trace_id().to_string(),
-        "4bf92f3577b34da6a3ce929d0e0e4736",
-        "the producer's trace"
-    );
-    assert_eq!(traced_span.parent_span_id.to_string(), "00f067aa0ba902b7");
-    assert!(traced_span.parent_span_is_remote);
-    assert_eq!(traced_span.span_kind, SpanKind::Consumer);
-    assert_eq!(
-        traced_span.span_context.trace_state().get("congo"),
-        Some("t61rcWkgMzE")
-    );
-    for (k, v) in [
-        ("messaging.system", "babelqueue"),
-        ("messaging.destination.name", q),
-        ("messaging.operation.type", "process"),
-        (
-            "messaging.message.conversation_id",
-            traced.trace_id.as_str(),
-        ),
-    ] {
-        assert_eq!(attr(traced_span, k).as_deref(), Some(v), "attribute {k}");
-    }
-    // The handler's own span is a child of the message span, in the producer's trace.
-    let charge = spans
-        .iter()
-        .find(|s| s.name == "charge" && s.parent_span_id == traced_span.span_context.span_id())
-        .expect("the handler's span under the traced message span");
-    assert_eq!(
-        charge.span_context.trace_id(),
-        traced_span.span_context.trace_id()
-    );
-    // Without a traceparent, the message span starts its own trace.
-    let own = find(&untraced.meta.id);
-    assert_ne!(
-        own.span_context.trace_id().to_string(),
-        "4bf92f3577b34da6a3ce929d0e0e4736"
-    );
-    assert!(!own.parent_span_is_remote);
 }
 
 #[cfg(feature = "metrics")]
