@@ -99,6 +99,10 @@ struct Args {
     /// how `scripts/perf-vs-python.sh` gives another consumer the same bytes.
     #[arg(long)]
     preload_only: bool,
+    /// Turn off the transport's pipelining (acks with the next reserve, the Redis store's
+    /// `remember` with the ack): every operation a round trip of its own, as before.
+    #[arg(long)]
+    no_pipelining: bool,
 }
 
 /// One run's figures.
@@ -109,6 +113,9 @@ struct Run {
     effects: u64,
     skips: u64,
     redis_cmds: u64,
+    /// Read events the server processed (`INFO stats` `total_reads_processed`): about one
+    /// per round trip of a client that waits for each reply.
+    redis_reads: u64,
 }
 
 impl Run {
@@ -140,6 +147,15 @@ fn workload(n: usize, dup_frac: f64, seed: u64) -> Result<Vec<Vec<u8>>, BoxError
     all.extend(picks[..d].iter().map(|&i| originals[i].clone()));
     all.shuffle(&mut rng);
     Ok(all)
+}
+
+/// `total_reads_processed` of `INFO stats` (one per request batch the server read).
+async fn reads_processed(conn: &mut MultiplexedConnection) -> Result<u64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| "INFO stats has no total_reads_processed (Redis 6.2 or later needed)".into())
 }
 
 async fn commands_processed(conn: &mut MultiplexedConnection) -> Result<u64, BoxError> {
@@ -274,7 +290,9 @@ where
     S::Error: IntoHandlerError<BoxError>,
 {
     preload(raw, bodies).await?;
-    let transport = RedisTransport::connect(&args.url).await?;
+    let transport = RedisTransport::connect(&args.url)
+        .await?
+        .pipelining(!args.no_pipelining);
     let effects = Arc::new(AtomicU64::new(0));
     let app = consumer(
         transport,
@@ -284,9 +302,11 @@ where
         effects.clone(),
     );
     let before = commands_processed(raw).await?;
+    let reads_before = reads_processed(raw).await?;
     let start = Instant::now();
     let stats = app.drain().await?;
     let secs = start.elapsed().as_secs_f64();
+    let reads_after = reads_processed(raw).await?;
     let after = commands_processed(raw).await?;
     let run = Run {
         deliveries: stats.processed,
@@ -294,6 +314,8 @@ where
         effects: effects.load(Ordering::Relaxed),
         skips: stats.skipped,
         redis_cmds: after - before,
+        // The two INFO calls between the marks are left out.
+        redis_reads: (reads_after - reads_before).saturating_sub(1),
     };
     let n = args.n as u64;
     let d = bodies.len() as u64 - n;
@@ -368,7 +390,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
             }
         };
         eprintln!(
-            "run {}/{}: {} deliveries in {:.3} s = {:.0}/s, effects={} skips={} redis_cmds={}",
+            "run {}/{}: {} deliveries in {:.3} s = {:.0}/s, effects={} skips={} redis_cmds={} redis_reads={}",
             i + 1,
             args.runs,
             run.deliveries,
@@ -376,7 +398,8 @@ async fn bench(args: Args) -> Result<(), BoxError> {
             run.rate(),
             run.effects,
             run.skips,
-            run.redis_cmds
+            run.redis_cmds,
+            run.redis_reads
         );
         runs.push(run);
     }
@@ -385,16 +408,23 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
     let median = &runs[runs.len() / 2];
     println!(
-        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={}",
-        args.store, args.mode, args.concurrency, args.n, args.dup_frac, args.runs
+        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={}",
+        args.store,
+        args.mode,
+        args.concurrency,
+        args.n,
+        args.dup_frac,
+        args.runs,
+        !args.no_pipelining
     );
     println!(
-        "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2}",
+        "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2} redis_reads_per_delivery={:.2}",
         median.deliveries,
         median.rate(),
         median.effects,
         median.skips,
-        median.redis_cmds as f64 / median.deliveries as f64
+        median.redis_cmds as f64 / median.deliveries as f64,
+        median.redis_reads as f64 / median.deliveries as f64
     );
     Ok(())
 }

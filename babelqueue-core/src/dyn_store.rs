@@ -21,6 +21,12 @@ trait ErasedStore: Send + Sync {
         ttl: Option<Duration>,
     ) -> BoxFuture<'a, Result<(), DynStoreError>>;
     fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DynStoreError>>;
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<crate::pipelined::PipelinedWrite>;
 }
 
 fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> DynStoreError {
@@ -40,6 +46,14 @@ impl<S: AsyncStore + 'static> ErasedStore for S {
     }
     fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DynStoreError>> {
         Box::pin(async move { AsyncStore::forget(self, id).await.map_err(boxed) })
+    }
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<crate::pipelined::PipelinedWrite> {
+        AsyncStore::pipelined_remember(self, id, ttl, server)
     }
 }
 
@@ -107,5 +121,14 @@ impl AsyncStore for DynStore {
 
     async fn forget(&self, id: &str) -> Result<(), DynStoreError> {
         self.inner.forget(id).await
+    }
+
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<crate::pipelined::PipelinedWrite> {
+        self.inner.pipelined_remember(id, ttl, server)
     }
 }

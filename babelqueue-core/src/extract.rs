@@ -281,6 +281,14 @@ macro_rules! forward_state_stores {
             fn forget(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
                 self.0.forget(id)
             }
+            fn pipelined_remember(
+                &self,
+                id: &str,
+                ttl: Option<std::time::Duration>,
+                server: &str,
+            ) -> Option<crate::pipelined::PipelinedWrite> {
+                self.0.pipelined_remember(id, ttl, server)
+            }
         }
 
         impl<S: crate::lease::LeaseStore> crate::lease::LeaseStore for State<S> {

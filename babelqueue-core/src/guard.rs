@@ -275,7 +275,7 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let _turn = inflight::consumer_turn(&key).await;
+    let turn = inflight::consumer_turn(&key).await;
     if inflight::store_before(&key, store.seen(&key))
         .await
         .map_err(IntoHandlerError::into_handler_error)?
@@ -284,6 +284,14 @@ where
     }
     inflight::handler_runs();
     handler.await.into_result()?;
+    // Under the runtime, with the store on the transport's server: the `remember` is sent
+    // with the ack, in one round trip (the turn on the key is held until then).
+    let _turn = match inflight::defer_remember(turn, |server| {
+        store.pipelined_remember(&key, ttl, server)
+    }) {
+        Ok(()) => return Ok(done(Outcome::Ran)),
+        Err(turn) => turn,
+    };
     if let Err(err) = inflight::store_after(store.remember_for(&key, ttl)).await {
         remember_failed(&key, &err);
     }

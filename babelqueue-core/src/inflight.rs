@@ -26,6 +26,8 @@ use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
+use crate::pipelined::PipelinedWrite;
+
 // ---------------------------------------------------------------------------------------
 // Per-key turn
 // ---------------------------------------------------------------------------------------
@@ -187,6 +189,35 @@ pub(crate) struct StoreProbe {
     in_flight: AtomicBool,
     /// Notified on every phase change (the runtime's watchdog re-arms its timer).
     changed: Notify,
+    /// The transport's server, when a store there may hand its `remember` over to be
+    /// sent with the ack (see [`crate::pipelined`]).
+    pipeline_server: Option<Arc<str>>,
+    /// Writes handed over by guards of this delivery, each with the turn on its key (held
+    /// until the write is sent).
+    deferred: Mutex<Deferred>,
+}
+
+/// Store writes a delivery's guards handed over to the runtime, and the turns on their
+/// keys (released when dropped: after the writes were sent).
+#[derive(Default)]
+pub(crate) struct Deferred {
+    pub(crate) writes: Vec<PipelinedWrite>,
+    turns: Vec<KeyTurn>,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred")
+            .field("writes", &self.writes)
+            .field("turns", &self.turns.len())
+            .finish()
+    }
+}
+
+impl Deferred {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
 }
 
 impl Default for StoreProbe {
@@ -201,11 +232,27 @@ impl Default for StoreProbe {
             store_failed: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
             changed: Notify::new(),
+            pipeline_server: None,
+            deferred: Mutex::new(Deferred::default()),
         }
     }
 }
 
 impl StoreProbe {
+    /// A probe whose guards may hand their `remember` over when the store lives on
+    /// `server` (the transport's).
+    pub(crate) fn with_pipeline(server: Option<Arc<str>>) -> Self {
+        StoreProbe {
+            pipeline_server: server,
+            ..StoreProbe::default()
+        }
+    }
+
+    /// Takes the writes (and key turns) the guards handed over.
+    pub(crate) fn take_deferred(&self) -> Deferred {
+        std::mem::take(&mut *self.deferred.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Whether a guard's `seen` / `claim` failed during this delivery.
     pub(crate) fn store_failed(&self) -> bool {
         self.store_failed.load(Ordering::SeqCst)
@@ -310,6 +357,34 @@ fn mark(key: &str, bit: u8) {
             *bits |= bit;
         }
         None => {}
+    }
+}
+
+/// After a successful handler: hands the guard's `remember` over to the runtime (to be
+/// sent with the ack), with the turn on the key, when this is a runtime delivery whose
+/// transport shares the store's server. `Err(turn)`: not handed over, the guard
+/// remembers itself.
+pub(crate) fn defer_remember(
+    turn: Option<KeyTurn>,
+    offer: impl FnOnce(&str) -> Option<PipelinedWrite>,
+) -> Result<(), Option<KeyTurn>> {
+    let Some(probe) = current() else {
+        return Err(turn);
+    };
+    let Some(server) = probe.pipeline_server.as_deref() else {
+        return Err(turn);
+    };
+    match offer(server) {
+        Some(write) if write.server() == server => {
+            let mut d = probe
+                .deferred
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            d.writes.push(write);
+            d.turns.extend(turn);
+            Ok(())
+        }
+        _ => Err(turn),
     }
 }
 

@@ -39,6 +39,7 @@ pub mod lease;
 pub mod macro_support;
 pub mod memory;
 pub mod namespace;
+pub mod pipelined;
 pub mod prelude;
 mod renamed;
 pub mod retention;

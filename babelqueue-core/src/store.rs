@@ -91,6 +91,22 @@ pub trait AsyncStore: Send + Sync {
 
     /// Evicts `id`, so a later delivery runs again (manual replay).
     fn forget(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// `remember_for(id, ttl)` as one command for `server`, when this store lives on that
+    /// server: the consume runtime then sends it just before the message's ack, in the
+    /// same round trip (see [`pipelined`](crate::pipelined)). `None` (the default): the
+    /// guard calls [`remember_for`](Self::remember_for) itself.
+    ///
+    /// Only offer it when the command has exactly `remember_for`'s effect.
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<crate::pipelined::PipelinedWrite> {
+        let _ = (id, ttl, server);
+        None
+    }
 }
 
 macro_rules! forward_store {
@@ -126,6 +142,14 @@ macro_rules! forward_async_store {
             }
             fn forget(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
                 S::forget(self, id)
+            }
+            fn pipelined_remember(
+                &self,
+                id: &str,
+                ttl: Option<Duration>,
+                server: &str,
+            ) -> Option<crate::pipelined::PipelinedWrite> {
+                S::pipelined_remember(self, id, ttl, server)
             }
         }
     )*};

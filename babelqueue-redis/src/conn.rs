@@ -167,6 +167,15 @@ impl Connector {
         }
     }
 
+    /// The server's identity for pipelined store writes (`None` for a Cluster).
+    pub(crate) fn server_identity(&self) -> Option<String> {
+        match self {
+            Connector::Single(client) => Some(server_identity(client.get_connection_info())),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(_) => None,
+        }
+    }
+
     pub(crate) fn describe(&self) -> String {
         match self {
             Connector::Single(client) => {
@@ -184,4 +193,11 @@ impl Connector {
             ),
         }
     }
+}
+
+/// `host:port/db`: what a [`RedisStore`](crate::RedisStore) and a
+/// [`RedisTransport`](crate::RedisTransport) compare to know they share one server and
+/// database (a store there then has its `remember` sent with the transport's ack).
+pub(crate) fn server_identity(info: &redis::ConnectionInfo) -> String {
+    format!("{}/{}", info.addr(), info.redis_settings().db())
 }

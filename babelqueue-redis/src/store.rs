@@ -37,10 +37,12 @@
 //! duplicate (plus, once per script and server, `NOSCRIPT` → `SCRIPT LOAD` → `EVALSHA`).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use babelqueue_core::fingerprint::{AsyncFingerprintStore, Fingerprint, Lookup};
 use babelqueue_core::key::{UnstorableId, id_is_storable};
+use babelqueue_core::pipelined::PipelinedWrite;
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind};
 use babelqueue_core::{
     AsyncLeaseStore, AsyncStore, lease::Claim, lease::LeaseToken, retention::DEFAULT_RETENTION,
@@ -214,6 +216,9 @@ pub struct RedisStore {
     conn: RedisConnection,
     prefix: String,
     ttl: Option<Duration>,
+    /// `host:port/db`, when known (opened from a URL or a client): a transport on the
+    /// same server then sends this store's `remember` with its ack.
+    server: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -298,12 +303,14 @@ impl RedisStoreBuilder {
     /// TLS with the `rustls` feature) and connects.
     pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
         let client = Client::open(self.url.as_str())?;
+        let server = crate::conn::server_identity(client.get_connection_info());
         let config = manager_config(self.connection_timeout, self.response_timeout, self.retries);
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| redis_error("connect", e))?;
         let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
         store.ttl = self.ttl;
+        store.server = Some(server.into());
         Ok(store)
     }
 }
@@ -359,12 +366,15 @@ impl RedisStore {
     /// A store over an existing [`Client`] (custom TLS certificates, RESP3, …), with
     /// the default prefix and timeouts.
     pub async fn from_client(client: Client) -> Result<Self, RedisStoreError> {
+        let server = crate::conn::server_identity(client.get_connection_info());
         let config = manager_config(DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, DEFAULT_RETRIES);
-        Ok(Self::from_manager(
+        let mut store = Self::from_manager(
             ConnectionManager::new_with_config(client, config)
                 .await
                 .map_err(|e| redis_error("connect", e))?,
-        ))
+        );
+        store.server = Some(server.into());
+        Ok(store)
     }
 
     /// A store sharing an existing [`ConnectionManager`] (e.g. the transport's), with
@@ -380,6 +390,7 @@ impl RedisStore {
             conn: conn.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
             ttl: Some(DEFAULT_RETENTION),
+            server: None,
         }
     }
 
@@ -623,6 +634,35 @@ impl AsyncStore for RedisStore {
 
     fn forget(&self, id: &str) -> impl Future<Output = Result<(), RedisStoreError>> + Send {
         self.del(id)
+    }
+
+    /// `SET <prefix><id> 1 NX [PX ttl]` (exactly `remember_for`), when this store was
+    /// opened on `server` (`host:port/db`; a store built from a bare connection does not
+    /// know its server and always writes itself).
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<PipelinedWrite> {
+        if self.server.as_deref() != Some(server) || id_is_storable(id).is_err() {
+            return None;
+        }
+        let key = self.key(id);
+        Some(match ttl.or(self.ttl) {
+            Some(ttl) => PipelinedWrite::new(
+                server,
+                [
+                    "SET",
+                    key.as_str(),
+                    "1",
+                    "NX",
+                    "PX",
+                    millis(ttl).to_string().as_str(),
+                ],
+            ),
+            None => PipelinedWrite::new(server, ["SET", key.as_str(), "1", "NX"]),
+        })
     }
 }
 

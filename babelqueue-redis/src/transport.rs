@@ -32,6 +32,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use babelqueue_core::handler::BoxFuture;
+use babelqueue_core::pipelined::PipelinedWrite;
 use babelqueue_core::runtime::{Delivery, QueueDepth, Recovered, Transport, TransportError};
 use redis::{Client, RedisError, Value};
 use tokio::sync::{Mutex, RwLock};
@@ -180,10 +181,14 @@ struct Settings {
     response_timeout: Duration,
     consumer_id: String,
     registration_ttl: Duration,
+    /// Send acks with the next reserve, and guarded stores' writes with the ack.
+    pipelining: bool,
 }
 
 struct Inner {
     settings: Settings,
+    /// `host:port/db` when pipelining is on and this is one server (not a Cluster).
+    server: Option<String>,
     commands: Slot,
     blocking: Slot,
     /// A `BLMOVE` holds its connection: one blocking reserve at a time.
@@ -272,6 +277,7 @@ impl RedisTransport {
             response_timeout: Duration::from_secs(10),
             consumer_id: uuid::Uuid::new_v4().simple().to_string(),
             registration_ttl: Duration::from_secs(30),
+            pipelining: true,
         })
     }
 
@@ -366,10 +372,35 @@ impl RedisTransport {
         &self.inner.settings.consumer_id
     }
 
+    /// Whether the consume runtime may save round trips (default `true`): a worker's ack
+    /// goes with its next reserve (`LREM` + `LMOVE` in one pipeline), and the guard's
+    /// `remember` for a [`RedisStore`](crate::RedisStore) on the same server and database
+    /// goes just before that ack (`SET … NX` + `LREM` + `LMOVE`). `false`: every
+    /// operation is a round trip of its own, as in earlier releases.
+    ///
+    /// ```
+    /// let t = babelqueue_redis::RedisTransport::open("redis://127.0.0.1:6379/0")?.pipelining(false);
+    /// use babelqueue_core::Transport;
+    /// assert!(!t.combines_ack_and_reserve());
+    /// assert_eq!(t.pipeline_server(), None);
+    /// # Ok::<(), babelqueue_core::TransportError>(())
+    /// ```
+    #[must_use]
+    pub fn pipelining(self, on: bool) -> Self {
+        let mut settings = self.inner.settings.clone();
+        settings.pipelining = on;
+        Self::from_settings(settings)
+    }
+
     fn from_settings(settings: Settings) -> Self {
         let response = settings.response_timeout;
+        let server = settings
+            .pipelining
+            .then(|| settings.connector.server_identity())
+            .flatten();
         RedisTransport {
             inner: Arc::new(Inner {
+                server,
                 settings,
                 commands: Slot::new(Some(response)),
                 // Blocking commands are bounded per call instead (their own timeout +
@@ -608,11 +639,9 @@ impl RedisTransport {
         }
     }
 
-    async fn reserve_inner(
-        &self,
-        queue: &str,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, TransportError> {
+    /// What comes before a reserve: registration, the orphan check and promotion of due
+    /// delayed messages (each a no-op on the hot path).
+    async fn before_reserve(&self, queue: &str) -> Result<(), TransportError> {
         let (registered, orphans) = self.local(queue, |q| (q.registered, q.check_orphans));
         if !registered {
             self.register(queue, self.inner.settings.registration_ttl)
@@ -622,6 +651,112 @@ impl RedisTransport {
             self.return_orphans(queue).await?;
         }
         self.promote_if_due(queue, PROMOTE_BATCH).await?;
+        Ok(())
+    }
+
+    /// Store writes, the ack and (with `next`) a non-blocking reserve in one pipeline.
+    async fn pipelined_settle(
+        &self,
+        delivery: &Delivery,
+        writes: &[PipelinedWrite],
+        next: Option<&str>,
+    ) -> Result<Option<Delivery>, TransportError> {
+        let queue = delivery.queue();
+        if let Some(next) = next {
+            self.before_reserve(next).await?;
+        }
+        let recoveries = self.local(queue, |q| q.recoveries);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for w in writes {
+            let mut cmd = redis::Cmd::new();
+            for a in w.args() {
+                cmd.arg(a.as_slice());
+            }
+            pipe.add_command(cmd);
+        }
+        if recoveries {
+            // The ack also drops the element's recovery counter: the script.
+            let mut s = scripts::ACK.prepare_invoke();
+            s.key(self.own_list(queue))
+                .key(recoveries_hash(queue))
+                .arg(delivery.element());
+            pipe.invoke_script(&s);
+        } else {
+            pipe.cmd("LREM")
+                .arg(self.own_list(queue))
+                .arg(1)
+                .arg(delivery.element());
+        }
+        let _gate = match next {
+            Some(next) => {
+                pipe.cmd("LMOVE")
+                    .arg(next)
+                    .arg(self.own_list(next))
+                    .arg("LEFT")
+                    .arg("RIGHT");
+                Some(self.inner.reserve_gate.read().await)
+            }
+            None => None,
+        };
+        let (generation, mut conn) = self.conn().await?;
+        let r = pipe
+            .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn)
+            .await;
+        let replies = match self.after(generation, r).await {
+            Ok(replies) => replies,
+            Err(e) => {
+                if let Some(next) = next
+                    && e.is_connection()
+                {
+                    // The move may have happened without our hearing of it.
+                    self.local(next, |q| q.check_orphans = true);
+                }
+                return Err(e);
+            }
+        };
+        let mut replies = replies.into_iter();
+        for w in writes {
+            if let Some(Err(e)) = replies.next() {
+                tracing::warn!(
+                    command = %String::from_utf8_lossy(w.args().first().map_or(&b""[..], |a| a)),
+                    error = %e,
+                    "a store write sent with the ack failed; a redelivery may run the handler again"
+                );
+            }
+        }
+        match replies.next() {
+            Some(Ok(Value::Int(0))) => tracing::debug!(
+                queue,
+                "ack found no such element in the own processing list (already acked, or recovered by another consumer)"
+            ),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(map_err(e)),
+            None => return Err(TransportError::backend("missing reply to the ack")),
+        }
+        self.local(queue, |q| q.release(delivery.element()));
+        let Some(next) = next else {
+            return Ok(None);
+        };
+        match replies.next() {
+            Some(Ok(Value::Nil)) | None => Ok(None),
+            Some(Ok(Value::BulkString(e))) => {
+                self.local(next, |q| q.hold(&e));
+                Ok(Some(Delivery::new(next, e, 0)))
+            }
+            Some(Ok(other)) => Err(TransportError::backend(format!(
+                "unexpected reply to LMOVE: {other:?}"
+            ))),
+            Some(Err(e)) => Err(map_err(e)),
+        }
+    }
+
+    async fn reserve_inner(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        self.before_reserve(queue).await?;
         // Wake up when the earliest delayed message is due, to promote it.
         let now = Instant::now();
         let timeout = match self.local(queue, |q| q.known_due(now)).flatten() {
@@ -750,6 +885,59 @@ impl Transport for RedisTransport {
                 );
             }
             Ok(())
+        })
+    }
+
+    fn pipeline_server(&self) -> Option<&str> {
+        self.inner.server.as_deref()
+    }
+
+    fn combines_ack_and_reserve(&self) -> bool {
+        self.inner.settings.pipelining && !self.is_cluster()
+    }
+
+    fn ack_and_reserve<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        writes: &'a [PipelinedWrite],
+        next: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
+        Box::pin(async move {
+            if !writes.is_empty() && self.pipeline_server().is_none() {
+                return Err(TransportError::Unsupported("pipelined writes"));
+            }
+            if let Some(queue) = next
+                && !self.combines_ack_and_reserve()
+            {
+                self.pipelined_settle(delivery, writes, None).await?;
+                return self.reserve(queue, Duration::ZERO).await;
+            }
+            self.pipelined_settle(delivery, writes, next).await
+        })
+    }
+
+    fn apply_writes<'a>(
+        &'a self,
+        writes: &'a [PipelinedWrite],
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            if writes.is_empty() {
+                return Ok(());
+            }
+            if self.pipeline_server().is_none() {
+                return Err(TransportError::Unsupported("pipelined writes"));
+            }
+            let mut pipe = redis::pipe();
+            for w in writes {
+                let mut cmd = redis::Cmd::new();
+                for a in w.args() {
+                    cmd.arg(a.as_slice());
+                }
+                pipe.add_command(cmd).ignore();
+            }
+            let (generation, mut conn) = self.conn().await?;
+            let r = pipe.query_async::<()>(&mut conn).await;
+            self.after(generation, r).await
         })
     }
 

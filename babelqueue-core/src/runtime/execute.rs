@@ -25,7 +25,7 @@ use super::transport::{Delivery, Headers, Transport, TransportError, encode_elem
 use crate::envelope::{DeadLetterReason, Envelope};
 use crate::guard::Outcome;
 use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn};
-use crate::inflight::{self, Phase, StoreProbe};
+use crate::inflight::{self, Deferred, Phase, StoreProbe};
 use crate::lease::InFlight;
 
 /// The frame header carrying how many times a message was released (unknown URN under
@@ -100,6 +100,10 @@ pub(crate) struct Ctx {
     /// The shutdown grace period ended: stop retrying, leave messages in flight.
     pub hard_stop: AtomicBool,
     pub hard_notify: Notify,
+    /// The transport's server, for stores whose `remember` can be sent with the ack.
+    pub pipeline_server: Option<Arc<str>>,
+    /// Acks wait for the worker's next reserve and go with it (one round trip).
+    pub defer_acks: bool,
 }
 
 impl Ctx {
@@ -118,7 +122,11 @@ impl Ctx {
             release_delay: config.release_delay,
             max_releases: config.max_releases,
         };
+        let pipeline_server = transport.pipeline_server().map(Arc::from);
+        let defer_acks = transport.combines_ack_and_reserve();
         Ctx {
+            pipeline_server,
+            defer_acks,
             transport,
             router,
             dlq,
@@ -176,6 +184,24 @@ impl Ctx {
 
     fn note_due(&self, delay: Duration) {
         self.note_due_at(Instant::now() + delay);
+    }
+
+    /// Sends a delivery's handed-over store writes and its ack (one round trip where the
+    /// transport allows), retried until done.
+    pub(crate) async fn ack_with(
+        &self,
+        d: &Delivery,
+        deferred: &Deferred,
+    ) -> Result<(), TransportError> {
+        if deferred.is_empty() {
+            self.until_done("ack", || self.transport.ack(d)).await
+        } else {
+            self.until_done("ack", || {
+                self.transport.ack_and_reserve(d, &deferred.writes, None)
+            })
+            .await
+            .map(drop)
+        }
     }
 
     /// Runs a transport operation until it succeeds: a broker outage is not the message's
@@ -392,8 +418,35 @@ fn jitter_sample() -> f64 {
     bits as f64 / (1u64 << 53) as f64
 }
 
-/// Processes one delivery, from checks to settled.
-pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
+/// A delivery whose ack (and the store writes its guards handed over) waits to be sent
+/// with the worker's next reserve. Its report is final once that is done.
+pub(crate) struct PendingAck {
+    pub delivery: Delivery,
+    pub deferred: Deferred,
+    pub report: Report,
+}
+
+/// How [`process`] left a delivery.
+pub(crate) enum Processed {
+    /// Settled.
+    Done(Report),
+    /// To be acked with the next reserve (only when `defer_ack` was asked for).
+    AckPending(PendingAck),
+}
+
+impl From<Report> for Processed {
+    fn from(r: Report) -> Self {
+        Processed::Done(r)
+    }
+}
+
+/// Processes one delivery, from checks to settled (or, with `defer_ack`, to an ack
+/// that waits for the worker's next reserve).
+pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> Processed {
+    process_inner(ctx, delivery, defer_ack).await
+}
+
+async fn process_inner(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> Processed {
     let size = delivery.body().len();
     if size > ctx.config.max_body_size {
         let error = format!(
@@ -402,14 +455,18 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
         );
         tracing::warn!(bytes = size, "poison message: body over the size limit");
         let body = || dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
-        return settle_poison(ctx, &delivery, None, &body, error.clone()).await;
+        return settle_poison(ctx, &delivery, None, &body, error.clone())
+            .await
+            .into();
     }
     let envelope = match Envelope::decode(delivery.body()) {
         Ok(env) => env,
         Err(error) => {
             tracing::warn!(%error, bytes = size, "poison message");
             let body = || dead_letter::poison_body(delivery.body(), &error, delivery.queue());
-            return settle_poison(ctx, &delivery, None, &body, error.to_string()).await;
+            return settle_poison(ctx, &delivery, None, &body, error.to_string())
+                .await
+                .into();
         }
     };
     observe::record_envelope(&envelope);
@@ -429,7 +486,9 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
                 .unwrap_or_default()
         };
         let env = ctx.observer.is_some().then_some(envelope);
-        return settle_poison(ctx, &delivery, env, &body, error.clone()).await;
+        return settle_poison(ctx, &delivery, env, &body, error.clone())
+            .await
+            .into();
     }
 
     let attempts = envelope.attempts;
@@ -444,21 +503,32 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery) -> Report {
         let env = ctx.observer.is_some().then_some(envelope);
         let mut report = settle(ctx, &delivery, env, attempts, verdict, None).await;
         report.unknown_urn = true;
-        return report;
+        return report.into();
     };
     let id = envelope.meta.id.clone();
     let keep = ctx.observer.is_some().then(|| envelope.clone());
-    let probe = Arc::new(StoreProbe::default());
+    let probe = Arc::new(StoreProbe::with_pipeline(ctx.pipeline_server.clone()));
     let urn = handler.urn().to_owned();
     let started = Instant::now();
     let called = run_handler(ctx, handler.as_ref(), envelope, &probe).await;
     let duration = started.elapsed();
     inflight::take_sync_marks(&id, &probe);
     let verdict = classify(called, &probe);
-    let mut report = settle(ctx, &delivery, keep, attempts, verdict, None).await;
+    let deferred = probe.take_deferred();
+    let (mut report, pending) = settle_full(
+        ctx, &delivery, keep, attempts, verdict, None, deferred, defer_ack,
+    )
+    .await;
     report.urn = Some(urn);
     report.duration = Some(duration);
-    report
+    match pending {
+        Some(deferred) => Processed::AckPending(PendingAck {
+            delivery,
+            deferred,
+            report,
+        }),
+        None => Processed::Done(report),
+    }
 }
 
 /// Dead-letters a message recovered from dead consumers too many times.
@@ -500,8 +570,7 @@ async fn settle_poison(
     settle(ctx, delivery, env, 0, verdict, Some(body)).await
 }
 
-/// The executor: decides, then carries the action out. `poison` builds the dead-letter
-/// body of a poison message.
+/// [`settle_full`] with no handed-over writes and the ack sent at once.
 async fn settle(
     ctx: &Ctx,
     d: &Delivery,
@@ -510,6 +579,35 @@ async fn settle(
     v: Verdict,
     poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
 ) -> Report {
+    settle_full(
+        ctx,
+        d,
+        envelope,
+        attempts,
+        v,
+        poison,
+        Deferred::default(),
+        false,
+    )
+    .await
+    .0
+}
+
+/// The executor: decides, then carries the action out. `poison` builds the dead-letter
+/// body of a poison message. `deferred`: store writes the guards handed over (sent
+/// before, or with, the ack). With `defer_ack`, an ack is not sent but returned (with the
+/// writes) for the worker to send with its next reserve.
+#[allow(clippy::too_many_arguments)]
+async fn settle_full(
+    ctx: &Ctx,
+    d: &Delivery,
+    envelope: Option<Envelope>,
+    attempts: u32,
+    v: Verdict,
+    poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
+    mut deferred: Deferred,
+    defer_ack: bool,
+) -> (Report, Option<Deferred>) {
     let pause = match v.happened {
         Happened::StoreUnavailable => ctx
             .store
@@ -530,11 +628,27 @@ async fn settle(
     let failed = matches!(v.happened, Happened::Failed { .. })
         || (v.happened == Happened::UnknownUrn
             && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
-    let result: Result<Disposition, TransportError> = match action {
-        Action::Ack => ctx
-            .until_done("ack", || ctx.transport.ack(d))
+    if !deferred.is_empty() && action != Action::Ack {
+        // A guard inside the handler succeeded (its id must be remembered) but the
+        // delivery is not acked: the writes go on their own, first.
+        if let Err(error) = ctx
+            .until_done("remember", || ctx.transport.apply_writes(&deferred.writes))
             .await
-            .map(|()| {
+        {
+            tracing::warn!(%error, "remembering a guarded id failed; a redelivery may run it again");
+        }
+        deferred = Deferred::default();
+    }
+    let mut pending = None;
+    let result: Result<Disposition, TransportError> = match action {
+        Action::Ack => {
+            let acked = if defer_ack {
+                pending = Some(std::mem::take(&mut deferred));
+                Ok(())
+            } else {
+                ctx.ack_with(d, &deferred).await
+            };
+            acked.map(|()| {
                 if v.happened == Happened::Skipped {
                     tracing::info!("duplicate skipped by the idempotency guard; acked");
                     Disposition::Skipped
@@ -542,7 +656,8 @@ async fn settle(
                     tracing::debug!("acked");
                     Disposition::Succeeded
                 }
-            }),
+            })
+        }
         Action::Drop => {
             if v.happened != Happened::UnknownUrn {
                 tracing::error!(error = ?v.error, "dead-lettering is off: message dropped");
@@ -679,7 +794,7 @@ async fn settle(
             (Disposition::Stranded, false, Some(e.to_string()))
         }
     };
-    Report {
+    let report = Report {
         queue: d.queue().to_owned(),
         envelope,
         disposition,
@@ -690,7 +805,8 @@ async fn settle(
         urn: None,
         duration: None,
         headers: d.headers().cloned(),
-    }
+    };
+    (report, pending)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use super::depth::QueueDepth;
 use crate::envelope::Envelope;
 use crate::handler::{BoxError, BoxFuture};
+use crate::pipelined::PipelinedWrite;
 
 /// Out-of-band message headers (trace context and the like), as a JSON object.
 pub type Headers = Map<String, Value>;
@@ -376,6 +377,69 @@ pub trait Transport: Send + Sync + 'static {
         ))))
     }
 
+    /// The server this transport's acks go to, as an identity a store on the same server
+    /// produces too (Redis: `host:port/db`): a guard's `remember` for a store there is
+    /// then handed to [`ack_and_reserve`](Self::ack_and_reserve) and sent with the ack
+    /// (see [`pipelined`](crate::pipelined)). Default: `None` (stores write themselves).
+    fn pipeline_server(&self) -> Option<&str> {
+        None
+    }
+
+    /// Whether [`ack_and_reserve`](Self::ack_and_reserve) does the ack and the reserve in
+    /// one round trip: the runtime then sends a worker's ack with its next reserve.
+    /// Default: `false` (acks are sent at once).
+    fn combines_ack_and_reserve(&self) -> bool {
+        false
+    }
+
+    /// Sends `writes` (store commands for [`pipeline_server`](Self::pipeline_server), in
+    /// order), then acks `delivery`, then — when `next` names a queue — reserves its next
+    /// message without waiting; in one round trip where the broker allows. The writes
+    /// reach the server before the ack: a message never leaves the in-flight state
+    /// before its id is remembered.
+    ///
+    /// An error leaves it unknown which parts were done: the caller retries the writes and
+    /// the ack (each is idempotent) with `next: None`. A transport that reserves here must
+    /// also make sure a message it moved without the reply arriving is not stranded (the
+    /// Redis transport returns such orphans to the queue on its next reserve).
+    ///
+    /// Default: [`TransportError::Unsupported`] if `writes` is not empty, else
+    /// [`ack`](Self::ack) then [`reserve`](Self::reserve) with a zero timeout.
+    fn ack_and_reserve<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        writes: &'a [PipelinedWrite],
+        next: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
+        Box::pin(async move {
+            if !writes.is_empty() {
+                return Err(TransportError::Unsupported("pipelined writes"));
+            }
+            self.ack(delivery).await?;
+            match next {
+                Some(queue) => self.reserve(queue, Duration::ZERO).await,
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Sends `writes` (store commands for [`pipeline_server`](Self::pipeline_server), in
+    /// order) on their own: a delivery settled otherwise than by an ack (a handler that
+    /// failed after a guard inside it succeeded). Default: [`TransportError::Unsupported`]
+    /// if `writes` is not empty.
+    fn apply_writes<'a>(
+        &'a self,
+        writes: &'a [PipelinedWrite],
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            if writes.is_empty() {
+                Ok(())
+            } else {
+                Err(TransportError::Unsupported("pipelined writes"))
+            }
+        })
+    }
+
     /// Publishes an envelope body with out-of-band headers. The default writes a header
     /// frame when `headers` is non-empty (the list transports' convention); a broker with
     /// native headers overrides it.
@@ -473,6 +537,26 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         headers: Option<&'a Headers>,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         T::publish_with_headers(self, queue, body, headers)
+    }
+    fn pipeline_server(&self) -> Option<&str> {
+        T::pipeline_server(self)
+    }
+    fn combines_ack_and_reserve(&self) -> bool {
+        T::combines_ack_and_reserve(self)
+    }
+    fn ack_and_reserve<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        writes: &'a [PipelinedWrite],
+        next: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
+        T::ack_and_reserve(self, delivery, writes, next)
+    }
+    fn apply_writes<'a>(
+        &'a self,
+        writes: &'a [PipelinedWrite],
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        T::apply_writes(self, writes)
     }
     fn publish<'a>(
         &'a self,

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::app::{App, DrainError};
-use super::execute::{Ctx, process, settle_exhausted};
-use super::report::{Report, Stats};
+use super::execute::{Ctx, PendingAck, Processed, process, settle_exhausted};
+use super::report::{Disposition, Report, Stats};
 use super::transport::{Delivery, TransportError};
 use super::{metrics, observe};
 
@@ -74,9 +74,35 @@ impl Shared {
         }
     }
 
-    async fn reserve(&self) -> Result<Option<Delivery>, TransportError> {
+    /// Reserves the next message; a pending ack goes with it (one round trip where the
+    /// transport allows) and its delivery is reported.
+    async fn reserve(
+        &self,
+        pending: Option<PendingAck>,
+        stats: &mut Stats,
+    ) -> Result<Option<Delivery>, TransportError> {
         let queue = &self.ctx.config.queue;
-        let got = self.ctx.transport.reserve(queue, Duration::ZERO).await?;
+        let got = match pending {
+            None => self.ctx.transport.reserve(queue, Duration::ZERO).await?,
+            Some(p) => match self
+                .ctx
+                .transport
+                .ack_and_reserve(&p.delivery, &p.deferred.writes, Some(queue))
+                .await
+            {
+                Ok(got) => {
+                    self.finish(p, Ok(()), stats);
+                    got
+                }
+                Err(error) => {
+                    // Which parts were done is unknown: the writes and the ack again, on
+                    // their own (each is idempotent).
+                    tracing::warn!(%error, "ack with the next reserve failed; acking on its own");
+                    self.flush(p, stats).await;
+                    return Err(error);
+                }
+            },
+        };
         if got.is_some() || self.mode == Mode::Drain {
             return Ok(got);
         }
@@ -106,10 +132,42 @@ impl Shared {
         stats.record(report);
     }
 
-    async fn handle(&self, delivery: Delivery, stats: &mut Stats) {
+    /// Processes a delivery; an ack left for the next reserve is returned.
+    async fn handle(&self, delivery: Delivery, stats: &mut Stats) -> Option<PendingAck> {
         let span = observe::message_span(&self.ctx.config.queue, &delivery);
         let _in_flight = metrics::InFlightGauge::enter(&self.ctx.config.queue);
-        let report = process(&self.ctx, delivery).instrument(span).await;
+        let defer = self.ctx.defer_acks && !self.stopping();
+        match process(&self.ctx, delivery, defer).instrument(span).await {
+            Processed::Done(report) => {
+                self.observe(&report, stats);
+                self.wake.notify_waiters();
+                None
+            }
+            Processed::AckPending(p) => Some(p),
+        }
+    }
+
+    /// Sends a pending ack on its own (retried until done), then reports its delivery.
+    async fn flush(&self, p: PendingAck, stats: &mut Stats) {
+        let r = self.ctx.ack_with(&p.delivery, &p.deferred).await;
+        self.finish(p, r, stats);
+    }
+
+    /// Reports a delivery whose pending ack was sent (or could not be).
+    fn finish(&self, p: PendingAck, sent: Result<(), TransportError>, stats: &mut Stats) {
+        let PendingAck {
+            deferred,
+            mut report,
+            ..
+        } = p;
+        // The turns on the guarded keys end once their ids are remembered.
+        drop(deferred);
+        if let Err(e) = sent {
+            tracing::error!(error = %e, "the message could not be settled; it stays in flight for recovery");
+            report.disposition = Disposition::Stranded;
+            report.acked = false;
+            report.error = Some(e.to_string());
+        }
         self.observe(&report, stats);
         self.wake.notify_waiters();
     }
@@ -136,9 +194,14 @@ async fn worker(shared: Arc<Shared>) -> Stats {
     let mut stats = Stats::default();
     let mut backoff = config.backoff_min;
     let mut failing_since: Option<Instant> = None;
+    // An ack waiting to go with the next reserve.
+    let mut pending: Option<PendingAck> = None;
     while !shared.stopping() {
         // The dedupe store is down: pause reserving (it resumes by itself).
         if let Some(until) = shared.ctx.store.paused_until() {
+            if let Some(p) = pending.take() {
+                shared.flush(p, &mut stats).await;
+            }
             tokio::select! {
                 biased;
                 () = shared.stopped() => break,
@@ -146,13 +209,13 @@ async fn worker(shared: Arc<Shared>) -> Stats {
             }
             continue;
         }
-        match shared.reserve().await {
+        match shared.reserve(pending.take(), &mut stats).await {
             Ok(Some(delivery)) => {
                 backoff = config.backoff_min;
                 failing_since = None;
                 tokio::select! {
                     biased;
-                    () = shared.handle(delivery, &mut stats) => {}
+                    p = shared.handle(delivery, &mut stats) => pending = p,
                     () = shared.ctx.wait_hard_stop() => {
                         tracing::warn!(queue = %config.queue, "shutdown grace period over: a message is left in flight for recovery");
                         stats.processed += 1;
@@ -214,6 +277,9 @@ async fn worker(shared: Arc<Shared>) -> Stats {
                 backoff = (backoff * 2).min(config.backoff_max);
             }
         }
+    }
+    if let Some(p) = pending.take() {
+        shared.flush(p, &mut stats).await;
     }
     stats
 }
