@@ -18,17 +18,17 @@ fn with_now(body: &str) -> Script {
 /// Ack: `LREM` own list; when the queue has recovery counters, drops the element's counter.
 /// KEYS: own list, recoveries. ARGV: element. Returns how many were removed (0: already
 /// acked — a retried ack is harmless).
-pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(ACK_SOURCE));
+
+/// The source of [`ACK`], for `EVAL` inside a pipeline (where `EVALSHA` could meet a
+/// server whose script cache is empty, e.g. after a restart).
+pub(crate) const ACK_SOURCE: &str = r"
 local n = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HDEL', KEYS[2], redis.sha1hex(ARGV[1]))
 end
 return n
-",
-    )
-});
+";
 
 /// Requeue: `LREM` own list, then `RPUSH` the new element on the queue (delay 0) or `ZADD`
 /// it to the delayed set scored by now + delay. Only when the `LREM` removed the delivery:

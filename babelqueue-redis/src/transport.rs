@@ -676,12 +676,14 @@ impl RedisTransport {
             pipe.add_command(cmd);
         }
         if recoveries {
-            // The ack also drops the element's recovery counter: the script.
-            let mut s = scripts::ACK.prepare_invoke();
-            s.key(self.own_list(queue))
-                .key(recoveries_hash(queue))
+            // The ack also drops the element's recovery counter: the script, by `EVAL`
+            // (in a pipeline, `EVALSHA` cannot fall back to loading it).
+            pipe.cmd("EVAL")
+                .arg(scripts::ACK_SOURCE)
+                .arg(2)
+                .arg(self.own_list(queue))
+                .arg(recoveries_hash(queue))
                 .arg(delivery.element());
-            pipe.invoke_script(&s);
         } else {
             pipe.cmd("LREM")
                 .arg(self.own_list(queue))
@@ -751,7 +753,26 @@ impl RedisTransport {
         }
     }
 
+    /// Reserves, waiting up to `timeout`: a wait cut short to promote a delayed message
+    /// that the server's clock did not yet see as due goes on until the deadline.
     async fn reserve_inner(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let got = self.reserve_once(queue, left).await?;
+            if got.is_some()
+                || deadline.saturating_duration_since(Instant::now()) < Duration::from_millis(1)
+            {
+                return Ok(got);
+            }
+        }
+    }
+
+    async fn reserve_once(
         &self,
         queue: &str,
         timeout: Duration,

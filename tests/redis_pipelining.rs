@@ -1,0 +1,344 @@
+//! Pipelining on the Redis transport: a worker's ack goes with its next reserve, and the
+//! guard's `remember` for a Redis store on the same server goes just before that ack, in
+//! the same round trip. Over a real Redis; ignored without one (CI runs them with
+//! `--include-ignored`). Every test uses its own queue and key prefix.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use babelqueue::pipelined::PipelinedWrite;
+use babelqueue::redis::redis::{self, AsyncCommands};
+use babelqueue::redis::{RedisStore, RedisTransport, keys::queue_keys};
+use babelqueue::runtime::{App, Permanent, Transport};
+use babelqueue::{AsyncStore, Envelope, guard_async};
+use serde_json::json;
+
+const CHARGE: &str = "urn:babel:payments:charge";
+
+fn redis_url() -> String {
+    std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A unique queue name and key prefix, deleted at the end.
+struct Names {
+    queue: String,
+    prefix: String,
+}
+
+impl Names {
+    fn new(tag: &str) -> Self {
+        let u = uuid::Uuid::new_v4().simple().to_string();
+        Names {
+            queue: format!("bq-test:pipe:{tag}:{u}"),
+            prefix: format!("bq-test:pipe-idemp:{u}:"),
+        }
+    }
+}
+
+impl Drop for Names {
+    fn drop(&mut self) {
+        if let Ok(client) = redis::Client::open(redis_url())
+            && let Ok(mut c) = client.get_connection()
+        {
+            let mut keys = queue_keys(&self.queue);
+            keys.push(format!("{}.dlq", self.queue));
+            for pattern in [format!("{{{}}}:*", self.queue), format!("{}*", self.prefix)] {
+                let found: Vec<String> = redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query(&mut c)
+                    .unwrap_or_default();
+                keys.extend(found);
+            }
+            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query(&mut c);
+        }
+    }
+}
+
+async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis must be reachable for this test")
+}
+
+async fn store(prefix: &str) -> RedisStore {
+    RedisStore::builder(redis_url())
+        .prefix(prefix)
+        .ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("Redis must be reachable for this test")
+}
+
+/// Counts the store calls the guard makes itself, forwarding everything (also the offer
+/// to pipeline `remember`).
+struct Counting<S> {
+    inner: S,
+    remembers: AtomicUsize,
+}
+
+impl<S: AsyncStore> AsyncStore for Counting<S> {
+    type Error = S::Error;
+    fn seen(&self, id: &str) -> impl Future<Output = Result<bool, S::Error>> + Send {
+        self.inner.seen(id)
+    }
+    fn remember(&self, id: &str) -> impl Future<Output = Result<(), S::Error>> + Send {
+        self.remembers.fetch_add(1, Ordering::SeqCst);
+        self.inner.remember(id)
+    }
+    fn remember_for(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<(), S::Error>> + Send {
+        self.remembers.fetch_add(1, Ordering::SeqCst);
+        self.inner.remember_for(id, ttl)
+    }
+    fn forget(&self, id: &str) -> impl Future<Output = Result<(), S::Error>> + Send {
+        self.inner.forget(id)
+    }
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<PipelinedWrite> {
+        self.inner.pipelined_remember(id, ttl, server)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ChargeError {
+    #[error(transparent)]
+    Store(#[from] babelqueue::redis::RedisStoreError),
+    #[error("declined")]
+    Declined(#[source] Permanent),
+}
+babelqueue::handler_error_from!(ChargeError);
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn a_store_offers_its_remember_only_to_a_transport_on_its_server() {
+    let names = Names::new("offer");
+    let t = RedisTransport::connect(&redis_url()).await.unwrap();
+    let server = t.pipeline_server().expect("one server: pipelining is on");
+    assert!(t.combines_ack_and_reserve());
+    let s = store(&names.prefix).await;
+    let w = s
+        .pipelined_remember("id-A", None, server)
+        .expect("same server and database");
+    assert_eq!(w.server(), server);
+    let args: Vec<String> = w
+        .args()
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "SET",
+            &format!("{}id-A", names.prefix),
+            "1",
+            "NX",
+            "PX",
+            "600000"
+        ]
+    );
+    // Another database of the same server is another keyspace.
+    let other_db = RedisStore::builder("redis://127.0.0.1:6379/1")
+        .connect()
+        .await
+        .unwrap();
+    assert!(other_db.pipelined_remember("id-A", None, server).is_none());
+    // A store over a bare connection does not know its server.
+    let bare = RedisStore::from_connection(raw().await);
+    assert!(bare.pipelined_remember("id-A", None, server).is_none());
+    // An id no store can hold is never handed over (the guard reports it).
+    assert!(s.pipelined_remember("a\0b", None, server).is_none());
+    // Pipelining off: nothing is offered to, and acks go at once.
+    let off = RedisTransport::connect(&redis_url())
+        .await
+        .unwrap()
+        .pipelining(false);
+    assert_eq!(off.pipeline_server(), None);
+    assert!(!off.combines_ack_and_reserve());
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn ack_and_reserve_writes_then_acks_then_reserves_in_one_call() {
+    let names = Names::new("unit");
+    let q = names.queue.as_str();
+    let t = RedisTransport::connect(&redis_url()).await.unwrap();
+    t.publish_raw(q, b"first".to_vec()).await.unwrap();
+    t.publish_raw(q, b"second".to_vec()).await.unwrap();
+    let first = t
+        .reserve(q, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(first.element(), b"first");
+    let key = format!("{}id-A", names.prefix);
+    let write = PipelinedWrite::new(
+        t.pipeline_server().unwrap(),
+        ["SET", key.as_str(), "1", "NX"],
+    );
+    let next = t
+        .ack_and_reserve(&first, std::slice::from_ref(&write), Some(q))
+        .await
+        .unwrap()
+        .expect("the second message");
+    assert_eq!(next.element(), b"second");
+    let v: Option<String> = raw().await.get(&key).await.unwrap();
+    assert_eq!(v.as_deref(), Some("1"), "the write reached the server");
+    assert_eq!(
+        t.processing_len(q).await.unwrap(),
+        1,
+        "first acked, second held"
+    );
+    assert_eq!(t.len(q).await.unwrap(), 0);
+    // The last one: acked, and nothing more to reserve.
+    assert!(
+        t.ack_and_reserve(&next, &[], Some(q))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(t.processing_len(q).await.unwrap(), 0);
+    // Writes for another server are refused, not sent elsewhere.
+    let elsewhere = PipelinedWrite::new("10.0.0.1:6379/0", ["SET", key.as_str(), "2"]);
+    let off = RedisTransport::connect(&redis_url())
+        .await
+        .unwrap()
+        .pipelining(false);
+    assert!(off.apply_writes(&[elsewhere]).await.is_err());
+    let v: Option<String> = raw().await.get(&key).await.unwrap();
+    assert_eq!(v.as_deref(), Some("1"));
+}
+
+/// Runs `n` payments plus `d` byte-identical copies through `concurrency` workers,
+/// guarded by a counting Redis store; returns (effects, stats, remember calls).
+async fn drain_payments(
+    names: &Names,
+    transport: RedisTransport,
+    n: usize,
+    d: usize,
+    concurrency: usize,
+) -> (usize, babelqueue::runtime::Stats, usize) {
+    let s = Arc::new(Counting {
+        inner: store(&names.prefix).await,
+        remembers: AtomicUsize::new(0),
+    });
+    let effects = Arc::new(AtomicUsize::new(0));
+    let (st, fx) = (s.clone(), effects.clone());
+    let app = App::new(transport)
+        .queue(&names.queue)
+        .concurrency(concurrency)
+        .route_async(CHARGE, move |env: Envelope| {
+            let (st, fx) = (st.clone(), fx.clone());
+            async move {
+                guard_async(&*st, &env, async {
+                    fx.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), ChargeError>(())
+                })
+                .await
+                .map(drop)
+            }
+        });
+    let mut bodies = Vec::new();
+    for i in 0..n {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i:04}")}))
+            .unwrap()
+            .with_queue(&names.queue);
+        bodies.push(env.encode());
+    }
+    // Each copy right behind its original: two workers hold the pair at once.
+    let mut list = Vec::new();
+    for (i, b) in bodies.iter().enumerate() {
+        list.push(b.clone());
+        if i < d {
+            list.push(b.clone());
+        }
+    }
+    for b in list {
+        app.publish_raw(b).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    (
+        effects.load(Ordering::SeqCst),
+        stats,
+        s.remembers.load(Ordering::SeqCst),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn concurrent_duplicates_run_once_with_remember_sent_with_the_ack() {
+    let names = Names::new("drain");
+    let t = RedisTransport::connect(&redis_url()).await.unwrap();
+    let (effects, stats, remembers) = drain_payments(&names, t.clone(), 200, 100, 8).await;
+    assert_eq!(effects, 200, "one effect per payment");
+    assert_eq!(
+        (stats.succeeded, stats.skipped, stats.acked),
+        (200, 100, 300)
+    );
+    assert_eq!(
+        remembers, 0,
+        "every remember went with an ack, none on its own"
+    );
+    assert_eq!(t.processing_len(&names.queue).await.unwrap(), 0);
+    assert_eq!(t.len(&names.queue).await.unwrap(), 0);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", names.prefix))
+        .query_async(&mut raw().await)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 200, "every id remembered");
+    let ttl: i64 = raw().await.pttl(&keys[0]).await.unwrap();
+    assert!(ttl > 0 && ttl <= 600_000, "the store's TTL applies: {ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn without_pipelining_the_guard_remembers_itself() {
+    let names = Names::new("off");
+    let t = RedisTransport::connect(&redis_url())
+        .await
+        .unwrap()
+        .pipelining(false);
+    let (effects, stats, remembers) = drain_payments(&names, t, 50, 25, 4).await;
+    assert_eq!(effects, 50);
+    assert_eq!((stats.succeeded, stats.skipped), (50, 25));
+    assert_eq!(remembers, 50);
+}
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn a_handler_failing_after_its_guard_succeeded_still_remembers_the_id() {
+    let names = Names::new("fail-after");
+    let s = Arc::new(store(&names.prefix).await);
+    let st = s.clone();
+    let app = App::new(RedisTransport::connect(&redis_url()).await.unwrap())
+        .queue(&names.queue)
+        .route_async(CHARGE, move |env: Envelope| {
+            let st = st.clone();
+            async move {
+                guard_async(&*st, &env, async { Ok::<(), ChargeError>(()) }).await?;
+                // The guarded effect happened; what follows fails for good.
+                Err::<(), _>(ChargeError::Declined(Permanent::new("card declined")))
+            }
+        });
+    let env = Envelope::new(CHARGE, json!({"payment_id": "pay_1"}))
+        .unwrap()
+        .with_queue(&names.queue);
+    app.publish_raw(env.encode()).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    assert_eq!(stats.dead_lettered, 1);
+    assert!(
+        s.seen(&env.meta.id).await.unwrap(),
+        "the guarded id is remembered although the delivery was not acked as a success"
+    );
+}
