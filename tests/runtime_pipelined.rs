@@ -1,0 +1,260 @@
+//! The runtime's side of pipelining, over a transport that declares it (the in-process
+//! one wrapped): the guard hands its `remember` over, the runtime sends it before the
+//! ack with the worker's next reserve, and the turn on the key is held until then. Paused
+//! tokio time and explicit gates; no server needed.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use babelqueue::handler::BoxFuture;
+use babelqueue::pipelined::PipelinedWrite;
+use babelqueue::runtime::{App, Delivery, InMemoryTransport, Permanent, Transport, TransportError};
+use babelqueue::{AsyncStore, Envelope, InMemoryStore, guard_async};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+const CHARGE: &str = "urn:babel:payments:charge";
+const SERVER: &str = "test-server";
+
+/// A dedupe store "on" [`SERVER`]: its `remember` can be handed over as `SET <id>`.
+#[derive(Clone, Default)]
+struct Store {
+    inner: Arc<InMemoryStore>,
+    own_remembers: Arc<AtomicUsize>,
+}
+
+impl AsyncStore for Store {
+    type Error = std::convert::Infallible;
+    fn seen(&self, id: &str) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        AsyncStore::seen(&*self.inner, id)
+    }
+    fn remember(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.own_remembers.fetch_add(1, Ordering::SeqCst);
+        AsyncStore::remember(&*self.inner, id)
+    }
+    fn remember_for(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.own_remembers.fetch_add(1, Ordering::SeqCst);
+        AsyncStore::remember_for(&*self.inner, id, ttl)
+    }
+    fn forget(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        AsyncStore::forget(&*self.inner, id)
+    }
+    fn pipelined_remember(
+        &self,
+        id: &str,
+        _ttl: Option<Duration>,
+        server: &str,
+    ) -> Option<PipelinedWrite> {
+        (server == SERVER).then(|| PipelinedWrite::new(SERVER, ["SET", id]))
+    }
+}
+
+/// The in-process transport, declaring [`SERVER`]: writes are applied to the store, and
+/// every combined ack waits for a permit of `gate` (so a test can hold it).
+struct Piped {
+    inner: InMemoryTransport,
+    store: Store,
+    gate: Arc<Semaphore>,
+    /// Everything sent, in order: `SET <id>` / `ACK` / `WRITE <id>`.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Piped {
+    async fn apply(&self, writes: &[PipelinedWrite], tag: &str) {
+        for w in writes {
+            let id = String::from_utf8(w.args()[1].clone()).unwrap();
+            self.log.lock().unwrap().push(format!("{tag} {id}"));
+            AsyncStore::remember(&*self.store.inner, &id).await.unwrap();
+        }
+    }
+}
+
+impl Transport for Piped {
+    fn publish_raw<'a>(
+        &'a self,
+        queue: &'a str,
+        element: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.publish_raw(queue, element)
+    }
+    fn reserve<'a>(
+        &'a self,
+        queue: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
+        self.inner.reserve(queue, timeout)
+    }
+    fn ack<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.log.lock().unwrap().push("ACK".into());
+        self.inner.ack(delivery)
+    }
+    fn requeue<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        element: Vec<u8>,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.requeue(delivery, element, delay)
+    }
+    fn promote_due<'a>(
+        &'a self,
+        queue: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        self.inner.promote_due(queue, limit)
+    }
+    fn next_due<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
+        self.inner.next_due(queue)
+    }
+    fn pipeline_server(&self) -> Option<&str> {
+        Some(SERVER)
+    }
+    fn combines_ack_and_reserve(&self) -> bool {
+        true
+    }
+    fn ack_and_reserve<'a>(
+        &'a self,
+        delivery: &'a Delivery,
+        writes: &'a [PipelinedWrite],
+        next: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
+        Box::pin(async move {
+            self.gate.acquire().await.unwrap().forget();
+            self.apply(writes, "SET").await;
+            self.ack(delivery).await?;
+            match next {
+                Some(q) => self.inner.reserve(q, Duration::ZERO).await,
+                None => Ok(None),
+            }
+        })
+    }
+    fn apply_writes<'a>(
+        &'a self,
+        writes: &'a [PipelinedWrite],
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            self.apply(writes, "WRITE").await;
+            Ok(())
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ChargeError {
+    #[error("declined")]
+    Declined(#[source] Permanent),
+}
+babelqueue::handler_error_from!(ChargeError);
+impl From<std::convert::Infallible> for ChargeError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+fn app(t: Arc<Piped>, store: Store, effects: Arc<AtomicUsize>, fail_after: bool) -> App {
+    App::new(t)
+        .queue("payments")
+        .concurrency(2)
+        .route_async(CHARGE, move |env: Envelope| {
+            let (st, fx) = (store.clone(), effects.clone());
+            async move {
+                guard_async(&st, &env, async {
+                    fx.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), ChargeError>(())
+                })
+                .await?;
+                if fail_after {
+                    return Err(ChargeError::Declined(Permanent::new("declined")));
+                }
+                Ok(())
+            }
+        })
+}
+
+fn piped(gate: usize) -> (Arc<Piped>, Store) {
+    let store = Store::default();
+    let t = Arc::new(Piped {
+        inner: InMemoryTransport::new(),
+        store: store.clone(),
+        gate: Arc::new(Semaphore::new(gate)),
+        log: Arc::default(),
+    });
+    (t, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waits_for_the_handed_over_remember_then_is_skipped() {
+    let (t, store) = piped(0);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), false);
+    let env = Envelope::new(CHARGE, json!({"payment_id": "pay_1"}))
+        .unwrap()
+        .with_queue("payments");
+    // The original and its byte-identical copy: the two workers take one each.
+    app.publish_raw(env.encode()).await.unwrap();
+    app.publish_raw(env.encode()).await.unwrap();
+    let drain = tokio::spawn(async move { app.drain().await });
+    // Every task is idle: the first ack (with the remember) is held at the gate.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the copy did not run");
+    assert!(
+        !AsyncStore::seen(&*store.inner, &env.meta.id).await.unwrap(),
+        "the remember waits with the ack"
+    );
+    assert!(t.log.lock().unwrap().is_empty());
+    // Let the combined acks through.
+    t.gate.add_permits(100);
+    let stats = drain.await.unwrap().unwrap();
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    assert_eq!((stats.succeeded, stats.skipped, stats.acked), (1, 1, 2));
+    assert_eq!(store.own_remembers.load(Ordering::SeqCst), 0);
+    let log = t.log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [format!("SET {}", env.meta.id), "ACK".into(), "ACK".into()],
+        "the write goes before its ack"
+    );
+    assert_eq!(
+        (t.inner.len("payments"), t.inner.processing_len("payments")),
+        (0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_fails_after_its_guard_has_the_id_written_before_the_dead_letter() {
+    let (t, store) = piped(100);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), true);
+    let env = Envelope::new(CHARGE, json!({"payment_id": "pay_2"}))
+        .unwrap()
+        .with_queue("payments");
+    app.publish_raw(env.encode()).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    assert_eq!(stats.dead_lettered, 1);
+    assert!(AsyncStore::seen(&*store.inner, &env.meta.id).await.unwrap());
+    assert_eq!(
+        t.log.lock().unwrap().first().cloned(),
+        Some(format!("WRITE {}", env.meta.id))
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_guard_called_by_hand_remembers_itself() {
+    let store = Store::default();
+    let env = Envelope::new(CHARGE, json!({})).unwrap();
+    guard_async(&store, &env, async { Ok::<(), ChargeError>(()) })
+        .await
+        .unwrap();
+    assert_eq!(store.own_remembers.load(Ordering::SeqCst), 1);
+    assert!(AsyncStore::seen(&store, &env.meta.id).await.unwrap());
+}
