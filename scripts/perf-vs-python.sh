@@ -12,11 +12,13 @@
 #      (taskset), and runs every consumer pinned to CPU 1;
 #   4. alternating, RUNS times: the Python SDK's consume loop with idempotency.wrap over a
 #      Redis store of the Go layout (scripts/py_consumer_bench.py), the Rust consumer at
-#      concurrency 1 and 8 (seen-set mode) and 8 (lease mode), each over the same
-#      pre-loaded bytes (babelqueue-bench --preload-only), and `redis-benchmark -c 1` for
-#      the round-trip time;
-#   5. prints a table of medians with ratios, and the one-at-a-time ceiling for 3 round
-#      trips per first delivery and 2 per duplicate.
+#      concurrency 1 and 8 (seen-set mode) and 8 (lease mode), each also with
+#      --no-pipelining (every operation a round trip of its own: the baseline), each over
+#      the same pre-loaded bytes (babelqueue-bench --preload-only), and
+#      `redis-benchmark -c 1` for the round-trip time;
+#   5. prints a table of medians with ratios, server reads (round trips) and commands per
+#      delivery, and the one-at-a-time ceiling for 3 round trips per first delivery and 2
+#      per duplicate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,16 +73,17 @@ field() { # line name
   sed -n "s/.*[[:space:]]\?$2=\([0-9.]*\).*/\1/p" <<<"$1" | head -1
 }
 record() { # label line
-  local rate cmds
+  local rate cmds reads
   rate=$(field "$2" msgs_per_s)
   cmds=$(field "$2" redis_cmds_per_delivery)
+  reads=$(field "$2" redis_reads_per_delivery)
   [ -n "$rate" ] || { echo "no figures from $1: $2" >&2; exit 1; }
-  printf '%s\t%s\t%s\n' "$1" "$rate" "$cmds" >>"$results"
-  printf '  %-22s %s\n' "$1" "$2"
+  printf '%s\t%s\t%s\t%s\n' "$1" "$rate" "$cmds" "${reads:-nan}" >>"$results"
+  printf '  %-26s %s\n' "$1" "$2"
 }
-rust() { # concurrency mode
+rust() { # concurrency mode [extra flag]
   taskset -c "$CLIENT_CPU" "$BENCH" --url "$URL" --n "$N" --dup-frac "$DUP_FRAC" \
-    --concurrency "$1" --mode "$2" --runs 1 2>"$dir/bench.err" | tail -1 || true
+    --concurrency "$1" --mode "$2" --runs 1 ${3:-} 2>"$dir/bench.err" | tail -1 || true
   # On a failed check the bench prints why on stderr: show it.
   grep -v '^run ' "$dir/bench.err" >&2 || true
 }
@@ -95,21 +98,24 @@ for run in $(seq 1 "$RUNS"); do
   record "rust c1 seen" "$(rust 1 seen)"
   record "rust c8 seen" "$(rust 8 seen)"
   record "rust c8 lease" "$(rust 8 lease)"
+  record "rust c1 seen unpipelined" "$(rust 1 seen --no-pipelining)"
+  record "rust c8 seen unpipelined" "$(rust 8 seen --no-pipelining)"
+  record "rust c8 lease unpipelined" "$(rust 8 lease --no-pipelining)"
   ping=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$PORT" -c 1 -n 20000 -t ping -q \
     | sed -n 's/.*PING_MBULK: \([0-9.]*\) requests.*/\1/p' | head -1)
   [ -n "$ping" ] || { echo "redis-benchmark printed no PING_MBULK figure" >&2; exit 1; }
-  printf 'redis-benchmark -c 1\t%s\t1\n' "$ping" >>"$results"
-  printf '  %-22s %s requests/s\n' "redis-benchmark -c 1" "$ping"
+  printf 'redis-benchmark -c 1\t%s\t1\t1\n' "$ping" >>"$results"
+  printf '  %-26s %s requests/s\n' "redis-benchmark -c 1" "$ping"
 done
 
 python3 - "$results" "$N" "$D" <<'PY'
 import statistics, sys
 from collections import defaultdict
 path, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rates, cmds = defaultdict(list), defaultdict(list)
+rates, cmds, reads = defaultdict(list), defaultdict(list), defaultdict(list)
 for line in open(path):
-    label, rate, c = line.rstrip("\n").split("\t")
-    rates[label].append(float(rate)); cmds[label].append(float(c))
+    label, rate, c, r = line.rstrip("\n").split("\t")
+    rates[label].append(float(rate)); cmds[label].append(float(c)); reads[label].append(float(r))
 med = {k: statistics.median(v) for k, v in rates.items()}
 rps = med["redis-benchmark -c 1"]
 rtt_us = 1e6 / rps
@@ -120,9 +126,14 @@ print()
 print(f"medians of {len(rates['python c1 seen'])} runs; N={n}, D={d}; "
       f"round trip {rtt_us:.0f} us (redis-benchmark -c 1: {rps:.0f}/s); "
       f"one-at-a-time ceiling for 3+2 round trips: {ceiling:.0f} deliveries/s")
-print(f"{'consumer':<22} {'deliveries/s':>13} {'vs python':>10} {'vs ceiling':>11} {'redis cmds/delivery':>20}")
-for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease"):
+print(f"{'consumer':<26} {'deliveries/s':>13} {'vs python':>10} {'vs ceiling':>11} "
+      f"{'round trips/delivery':>21} {'commands/delivery':>18}")
+for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease",
+              "rust c1 seen unpipelined", "rust c8 seen unpipelined",
+              "rust c8 lease unpipelined"):
     m = med[label]
-    print(f"{label:<22} {m:>13.0f} {m / py:>9.2f}x {m / ceiling:>10.2f}x "
-          f"{statistics.median(cmds[label]):>20.2f}")
+    print(f"{label:<26} {m:>13.0f} {m / py:>9.2f}x {m / ceiling:>10.2f}x "
+          f"{statistics.median(reads[label]):>21.2f} {statistics.median(cmds[label]):>18.2f}")
+print("round trips/delivery: the server's read events (INFO stats total_reads_processed) per "
+      "delivery; with 8 workers on one multiplexed connection several requests share a read.")
 PY

@@ -52,6 +52,11 @@ def commands_processed(client: redis.Redis) -> int:
     return total
 
 
+def reads_processed(client: redis.Redis) -> int:
+    """`total_reads_processed` of INFO stats: about one per round trip."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--url", required=True)
@@ -71,9 +76,11 @@ def main() -> int:
     app.register(URN, wrap(GoLayoutRedisStore(client, args.prefix), charge))
 
     before = commands_processed(client)
+    reads_before = reads_processed(client)
     start = time.perf_counter()
     handled = app.consume(max_messages=args.deliveries, timeout=1.0, handle_signals=False)
     secs = time.perf_counter() - start
+    reads_after = reads_processed(client)
     after = commands_processed(client)
 
     left = {}
@@ -85,7 +92,8 @@ def main() -> int:
     skips = handled - effects
     print(
         f"deliveries={handled} msgs_per_s={handled / secs:.0f} effects={effects} "
-        f"skips={skips} redis_cmds_per_delivery={(after - before) / max(handled, 1):.2f}"
+        f"skips={skips} redis_cmds_per_delivery={(after - before) / max(handled, 1):.2f} "
+        f"redis_reads_per_delivery={max(reads_after - reads_before - 1, 0) / max(handled, 1):.2f}"
     )
     if effects != args.n or handled != args.deliveries or left:
         print(

@@ -3,6 +3,8 @@
 //! the same round trip. Over a real Redis; ignored without one (CI runs them with
 //! `--include-ignored`). Every test uses its own queue and key prefix.
 
+mod fleet_support;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -340,5 +342,89 @@ async fn a_handler_failing_after_its_guard_succeeded_still_remembers_the_id() {
     assert!(
         s.seen(&env.meta.id).await.unwrap(),
         "the guarded id is remembered although the delivery was not acked as a success"
+    );
+}
+
+/// Drains `n` payments and `n / 2` byte-identical copies one at a time on a server of its
+/// own; returns (server reads, command calls) during the drain.
+async fn one_at_a_time(
+    server: &fleet_support::RedisServer,
+    pipelining: bool,
+    n: usize,
+) -> (u64, std::collections::HashMap<String, u64>) {
+    let queue = format!("rt-{pipelining}");
+    let store = RedisStore::builder(server.url())
+        .prefix(format!("bq:idemp:rt-{pipelining}:"))
+        .connect()
+        .await
+        .unwrap();
+    let effects = Arc::new(AtomicUsize::new(0));
+    let fx = effects.clone();
+    let store = Arc::new(store);
+    let transport = RedisTransport::connect(&server.url())
+        .await
+        .unwrap()
+        .pipelining(pipelining);
+    let app = App::new(transport)
+        .queue(&queue)
+        .route_async(CHARGE, move |env: Envelope| {
+            let (st, fx) = (store.clone(), fx.clone());
+            async move {
+                guard_async(&*st, &env, async {
+                    fx.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), ChargeError>(())
+                })
+                .await
+                .map(drop)
+            }
+        });
+    for i in 0..n {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i:04}")}))
+            .unwrap()
+            .with_queue(&queue);
+        app.publish_raw(env.encode()).await.unwrap();
+        if i % 2 == 0 {
+            app.publish_raw(env.encode()).await.unwrap();
+        }
+    }
+    let (reads, calls) = (server.reads_processed(), server.command_calls());
+    let stats = app.drain().await.unwrap();
+    let (reads_after, calls_after) = (server.reads_processed(), server.command_calls());
+    assert_eq!(effects.load(Ordering::SeqCst), n);
+    assert_eq!((stats.succeeded, stats.skipped), (n as u64, n.div_ceil(2) as u64));
+    let delta = calls_after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - calls.get(k).copied().unwrap_or(0)))
+        .collect();
+    // The INFO call between the marks is one read.
+    (reads_after - reads - 1, delta)
+}
+
+/// The round-trip target, counted by the server: seen-set mode on Redis costs 2 round trips
+/// per delivery (first or duplicate) with pipelining, and 4 / 3 without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server on the PATH (starts its own on port 17120); CI runs it with --include-ignored"]
+async fn one_at_a_time_a_delivery_costs_two_round_trips() {
+    let server = tokio::task::spawn_blocking(|| fleet_support::RedisServer::start(17120, &[]))
+        .await
+        .unwrap();
+    let n = 300;
+    let deliveries = (n + n / 2) as u64;
+    let (reads, calls) = one_at_a_time(&server, true, n).await;
+    let count = |c: &str| calls.get(c).copied().unwrap_or(0);
+    assert_eq!(count("exists"), deliveries, "one check per delivery");
+    assert_eq!(count("set"), n as u64, "one remember per payment");
+    assert_eq!(count("lrem"), deliveries, "one ack per delivery");
+    // Start-up (connections, registration, orphan check, recovery) and shutdown add a
+    // handful of round trips; per delivery it is 2.
+    assert!(
+        reads <= 2 * deliveries + 30,
+        "{reads} round trips for {deliveries} deliveries"
+    );
+    let (reads_off, calls_off) = one_at_a_time(&server, false, n).await;
+    assert_eq!(calls_off.get("set").copied(), Some(n as u64));
+    assert!(
+        reads_off >= 3 * deliveries,
+        "without pipelining every command is a round trip: {reads_off} for {deliveries}"
     );
 }

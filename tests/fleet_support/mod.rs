@@ -161,6 +161,19 @@ impl RedisServer {
         }
     }
 
+    /// `total_reads_processed` of `INFO stats`: the read events the server processed
+    /// (one per request of a client that waits for each reply, or per pipeline).
+    #[allow(dead_code)]
+    pub fn reads_processed(&self) -> u64 {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut c).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("INFO stats has total_reads_processed")
+    }
+
     /// `INFO commandstats` as (command, calls) pairs.
     pub fn command_calls(&self) -> std::collections::HashMap<String, u64> {
         let client = redis::Client::open(self.url()).unwrap();
