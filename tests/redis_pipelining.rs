@@ -391,7 +391,10 @@ async fn one_at_a_time(
     let stats = app.drain().await.unwrap();
     let (reads_after, calls_after) = (server.reads_processed(), server.command_calls());
     assert_eq!(effects.load(Ordering::SeqCst), n);
-    assert_eq!((stats.succeeded, stats.skipped), (n as u64, n.div_ceil(2) as u64));
+    assert_eq!(
+        (stats.succeeded, stats.skipped),
+        (n as u64, n.div_ceil(2) as u64)
+    );
     let delta = calls_after
         .iter()
         .map(|(k, v)| (k.clone(), v - calls.get(k).copied().unwrap_or(0)))
@@ -413,7 +416,12 @@ async fn one_at_a_time_a_delivery_costs_two_round_trips() {
     let (reads, calls) = one_at_a_time(&server, true, n).await;
     let count = |c: &str| calls.get(c).copied().unwrap_or(0);
     assert_eq!(count("exists"), deliveries, "one check per delivery");
-    assert_eq!(count("set"), n as u64, "one remember per payment");
+    // (The heartbeat script's own `SET`s are counted too.)
+    let sets = count("set");
+    assert!(
+        (n as u64..n as u64 + 5).contains(&sets),
+        "one remember per payment: {sets}"
+    );
     assert_eq!(count("lrem"), deliveries, "one ack per delivery");
     // Start-up (connections, registration, orphan check, recovery) and shutdown add a
     // handful of round trips; per delivery it is 2.
@@ -422,7 +430,8 @@ async fn one_at_a_time_a_delivery_costs_two_round_trips() {
         "{reads} round trips for {deliveries} deliveries"
     );
     let (reads_off, calls_off) = one_at_a_time(&server, false, n).await;
-    assert_eq!(calls_off.get("set").copied(), Some(n as u64));
+    let sets_off = calls_off.get("set").copied().unwrap_or(0);
+    assert!((n as u64..n as u64 + 5).contains(&sets_off), "{sets_off}");
     assert!(
         reads_off >= 3 * deliveries,
         "without pipelining every command is a round trip: {reads_off} for {deliveries}"
