@@ -24,6 +24,10 @@ const DEFAULT_SHARDS: usize = 32;
 const NEVER: u64 = 0;
 /// `expires` value of a forgotten entry waiting to leave the ring.
 const DEAD: u64 = u64::MAX;
+/// The most entries one shard's ring holds (the index keeps 32-bit sequence numbers,
+/// which identify a ring slot while the ring is shorter than 2³²); beyond it the oldest
+/// entry is evicted, as with a capacity. (At 32 bytes an entry, that is 128 GiB a shard.)
+const RING_LIMIT: usize = u32::MAX as usize;
 
 /// A process-local seen-set: for tests and a single process (a fleet needs a shared
 /// store such as Redis or PostgreSQL).
@@ -224,12 +228,16 @@ struct Entry {
 
 /// One shard: entries in insertion order (a ring) and a hash index of their sequence
 /// numbers, so each key is stored once.
+///
+/// The index holds the low 32 bits of a sequence number (5 bytes a bucket with its
+/// control byte, against 9 for a `u64`): the ring never holds more than [`RING_LIMIT`]
+/// entries, so `low - base` (wrapping) is the slot in the ring.
 #[derive(Debug, Default)]
 struct Shard {
     ring: VecDeque<Entry>,
     /// Sequence number of `ring[0]`.
     base: u64,
-    index: HashTable<u64>,
+    index: HashTable<u32>,
     /// In-flight claims of lease mode: key → (token, lease deadline).
     inflight: HashMap<Box<str>, (LeaseToken, u64)>,
     /// `inflight` size at which expired claims (holders that died or finished too
@@ -240,18 +248,26 @@ struct Shard {
     fingerprints: HashMap<u64, Fingerprint>,
 }
 
+/// The ring slot of the entry whose sequence number ends in `low`.
+fn slot(base: u64, low: u32) -> usize {
+    // `base as u32` truncates on purpose: the ring is shorter than 2³² (`RING_LIMIT`).
+    let off = low.wrapping_sub(base as u32);
+    off as usize
+}
+
 impl Shard {
     fn find(&self, hash: u64, key: KeyRef<'_>) -> Option<u64> {
         let Shard {
             ring, base, index, ..
         } = self;
         index
-            .find(hash, |&seq| ring[(seq - base) as usize].key.as_ref() == key)
-            .copied()
+            .find(hash, |&low| ring[slot(*base, low)].key.as_ref() == key)
+            .map(|&low| *base + slot(*base, low) as u64)
     }
 
     fn remove_index(&mut self, hash: u64, seq: u64) {
-        if let Ok(e) = self.index.find_entry(hash, |&s| s == seq) {
+        let low = seq as u32;
+        if let Ok(e) = self.index.find_entry(hash, |&s| s == low) {
             e.remove();
         }
         if !self.fingerprints.is_empty() {
@@ -290,6 +306,9 @@ impl Shard {
         if self.seen(hash, key, now) {
             return false;
         }
+        if self.ring.len() >= RING_LIMIT {
+            self.pop_front(hasher);
+        }
         let seq = self.base + self.ring.len() as u64;
         self.ring.push_back(Entry {
             key: key.to_owned(),
@@ -298,11 +317,28 @@ impl Shard {
         let Shard {
             ring, base, index, ..
         } = self;
-        index.insert_unique(hash, seq, |&s| {
-            ring[(s - *base) as usize].key.as_ref().hash_with(hasher)
+        index.insert_unique(hash, seq as u32, |&low| {
+            ring[slot(*base, low)].key.as_ref().hash_with(hasher)
         });
         self.evict(now, cap, hasher);
         true
+    }
+
+    /// Drops the oldest entry of the ring (and its index entry unless it was forgotten).
+    fn pop_front(&mut self, hasher: &RandomState) {
+        let Some(front) = self.ring.front() else {
+            return;
+        };
+        if front.expires == DEAD {
+            if !self.fingerprints.is_empty() {
+                self.fingerprints.remove(&self.base);
+            }
+        } else {
+            let hash = front.key.as_ref().hash_with(hasher);
+            self.remove_index(hash, self.base);
+        }
+        self.ring.pop_front();
+        self.base += 1;
     }
 
     fn forget(&mut self, hash: u64, key: KeyRef<'_>) {
@@ -322,15 +358,7 @@ impl Shard {
             if !(dead || expired || over) {
                 break;
             }
-            if !dead {
-                let hash = front.key.as_ref().hash_with(hasher);
-                let seq = self.base;
-                self.remove_index(hash, seq);
-            } else if !self.fingerprints.is_empty() {
-                self.fingerprints.remove(&self.base);
-            }
-            self.ring.pop_front();
-            self.base += 1;
+            self.pop_front(hasher);
         }
         if self.ring.capacity() > 64 && self.ring.len() < self.ring.capacity() / 4 {
             self.ring.shrink_to(self.ring.len() * 2);
