@@ -27,7 +27,7 @@ const DEAD: u64 = u64::MAX;
 /// The most entries one shard's ring holds (the index keeps 32-bit sequence numbers,
 /// which identify a ring slot while the ring is shorter than 2³²); beyond it the oldest
 /// entry is evicted, as with a capacity. (At 32 bytes an entry, that is 128 GiB a shard.)
-const RING_LIMIT: usize = u32::MAX as usize;
+const RING_LIMIT: usize = if cfg!(test) { 128 } else { u32::MAX as usize };
 
 /// A process-local seen-set: for tests and a single process (a fleet needs a shared
 /// store such as Redis or PostgreSQL).
@@ -764,6 +764,36 @@ mod tests {
         s.insert("plain id", None);
         assert!(s.is_seen("plain id"));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_past_32_bits_and_the_ring_stays_under_its_limit() {
+        // One shard whose sequence numbers cross 2³²: the index's 32-bit numbers must
+        // still name the right slots, and the ring is cut at RING_LIMIT (128 under test).
+        let s = InMemoryStore::builder().shards(1).build();
+        lock(&s.shards[0]).base = u64::from(u32::MAX) - 10;
+        for i in 0..40 {
+            assert!(s.insert(&format!("id-{i}"), None));
+        }
+        s.remove("id-3");
+        assert!(!s.is_seen("id-3"));
+        assert!(
+            (0..40)
+                .filter(|&i| i != 3)
+                .all(|i| s.is_seen(&format!("id-{i}")))
+        );
+        for i in 40..200 {
+            assert!(s.insert(&format!("id-{i}"), None));
+        }
+        let ring = lock(&s.shards[0]).ring.len();
+        assert!(ring <= RING_LIMIT, "ring {ring} over its limit");
+        assert!(
+            !s.is_seen("id-71"),
+            "the oldest entries leave at the ring limit"
+        );
+        assert!((72..200).all(|i| s.is_seen(&format!("id-{i}"))));
+        assert_eq!(s.len(), 128);
+        assert!(!s.insert("id-199", None), "a live id is not added twice");
     }
 
     #[test]
