@@ -466,10 +466,9 @@ impl InMemoryStore {
     }
 
     fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
-        if !storable(id) {
+        let Some(key) = storable_key(id) else {
             return false;
-        }
-        let key = KeyRef::parse(id);
+        };
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
         let expires = self.deadline(now, ttl);
@@ -487,10 +486,9 @@ impl InMemoryStore {
     /// stores, where an in-flight id is seen by every reader until it is released or
     /// its lease ends).
     fn is_seen(&self, id: &str) -> bool {
-        if !storable(id) {
+        let Some(key) = storable_key(id) else {
             return false;
-        }
-        let key = KeyRef::parse(id);
+        };
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
         let mut shard = self.shard(hash);
@@ -623,6 +621,15 @@ impl InMemoryStore {
 /// such messages as poison before any store is asked.
 fn storable(id: &str) -> bool {
     crate::key::id_is_storable(id).is_ok()
+}
+
+/// `id` as a key of the index if it is [`storable`]: a canonical UUID always is (36 hex
+/// digits and hyphens), so only text ids are scanned for the rule.
+fn storable_key(id: &str) -> Option<KeyRef<'_>> {
+    match KeyRef::parse(id) {
+        key @ KeyRef::Uuid(_) => Some(key),
+        key @ KeyRef::Text(_) => storable(id).then_some(key),
+    }
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the data is a
