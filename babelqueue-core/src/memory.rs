@@ -3,14 +3,18 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use hashbrown::HashTable;
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+/// The seeded hash of the index and of the shard choice (hashbrown's default, foldhash:
+/// a per-store random seed, several times cheaper than SipHash on a 16-byte key).
+type RandomState = DefaultHashBuilder;
 
 use crate::fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, Lookup};
 use crate::lease::{AsyncLeaseStore, Claim, LeaseStore, LeaseToken};
@@ -24,6 +28,10 @@ const DEFAULT_SHARDS: usize = 32;
 const NEVER: u64 = 0;
 /// `expires` value of a forgotten entry waiting to leave the ring.
 const DEAD: u64 = u64::MAX;
+/// The most entries one shard's ring holds (the index keeps 32-bit sequence numbers,
+/// which identify a ring slot while the ring is shorter than 2³²); beyond it the oldest
+/// entry is evicted, as with a capacity. (At 32 bytes an entry, that is 128 GiB a shard.)
+const RING_LIMIT: usize = if cfg!(test) { 128 } else { u32::MAX as usize };
 
 /// A process-local seen-set: for tests and a single process (a fleet needs a shared
 /// store such as Redis or PostgreSQL).
@@ -41,9 +49,9 @@ const DEAD: u64 = u64::MAX;
 ///   `capacity / shards` ids and evicts its own oldest.
 /// * **Small**: an id in the canonical UUID form (lowercase, hyphenated, what every
 ///   BabelQueue SDK mints) is stored as its 16 bytes, not as a string. One remembered UUID
-///   id costs about 24 bytes in the insertion ring plus 9 bytes in the hash index, before
-///   the spare room that growing collections keep: **measured 52.4 bytes per id at
-///   1,000,000 ids** (`cargo bench --bench memory_per_id`), against 88.4 bytes for a
+///   id costs 32 bytes in the insertion ring plus 5 bytes in the hash index, before the
+///   spare room that growing collections keep: **measured 44.0 bytes per id at 1,000,000
+///   ids** (`cargo bench --bench memory_per_id`), against 88.4 bytes for a
 ///   `HashSet<String>` of the same ids in the same run. Other ids are stored as a
 ///   `Box<str>` (plus their length on the heap).
 ///
@@ -126,7 +134,7 @@ impl InMemoryStoreBuilder {
         };
         InMemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             ttl: if self.forever {
                 None
             } else {
@@ -181,15 +189,10 @@ impl KeyRef<'_> {
     fn parse(id: &str) -> KeyRef<'_> {
         // Only the canonical lowercase hyphenated form is packed, so two spellings of
         // one UUID stay two ids, as they are in every other store.
-        if id.len() == 36
-            && let Ok(u) = uuid::Uuid::try_parse(id)
-        {
-            let mut buf = [0u8; 36];
-            if u.hyphenated().encode_lower(&mut buf) == id {
-                return KeyRef::Uuid(*u.as_bytes());
-            }
+        match canonical_uuid(id.as_bytes()) {
+            Some(bytes) => KeyRef::Uuid(bytes),
+            None => KeyRef::Text(id),
         }
-        KeyRef::Text(id)
     }
 
     fn to_owned(self) -> Key {
@@ -200,19 +203,43 @@ impl KeyRef<'_> {
     }
 
     fn hash_with(self, state: &RandomState) -> u64 {
+        // No variant tag: a UUID key never equals a text key, so a shared hash is only a
+        // collision, which the index resolves by comparing keys.
         let mut h = state.build_hasher();
         match self {
-            KeyRef::Uuid(b) => {
-                0u8.hash(&mut h);
-                b.hash(&mut h);
-            }
+            KeyRef::Uuid(b) => h.write_u128(u128::from_le_bytes(b)),
             KeyRef::Text(s) => {
-                1u8.hash(&mut h);
-                s.hash(&mut h);
+                h.write(s.as_bytes());
+                h.write_u8(0xff);
             }
         }
         h.finish()
     }
+}
+
+/// The 16 bytes of `id` if it is a UUID in the canonical form (36 characters, lowercase
+/// hex digits, hyphens at 8, 13, 18 and 23), in one pass.
+fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    if id.len() != 36 || id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    for byte in &mut out {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            i += 1;
+        }
+        *byte = (nibble(id[i])? << 4) | nibble(id[i + 1])?;
+        i += 2;
+    }
+    Some(out)
 }
 
 #[derive(Debug)]
@@ -224,12 +251,16 @@ struct Entry {
 
 /// One shard: entries in insertion order (a ring) and a hash index of their sequence
 /// numbers, so each key is stored once.
+///
+/// The index holds the low 32 bits of a sequence number (5 bytes a bucket with its
+/// control byte, against 9 for a `u64`): the ring never holds more than [`RING_LIMIT`]
+/// entries, so `low - base` (wrapping) is the slot in the ring.
 #[derive(Debug, Default)]
 struct Shard {
     ring: VecDeque<Entry>,
     /// Sequence number of `ring[0]`.
     base: u64,
-    index: HashTable<u64>,
+    index: HashTable<u32>,
     /// In-flight claims of lease mode: key → (token, lease deadline).
     inflight: HashMap<Box<str>, (LeaseToken, u64)>,
     /// `inflight` size at which expired claims (holders that died or finished too
@@ -240,18 +271,26 @@ struct Shard {
     fingerprints: HashMap<u64, Fingerprint>,
 }
 
+/// The ring slot of the entry whose sequence number ends in `low`.
+fn slot(base: u64, low: u32) -> usize {
+    // `base as u32` truncates on purpose: the ring is shorter than 2³² (`RING_LIMIT`).
+    let off = low.wrapping_sub(base as u32);
+    off as usize
+}
+
 impl Shard {
     fn find(&self, hash: u64, key: KeyRef<'_>) -> Option<u64> {
         let Shard {
             ring, base, index, ..
         } = self;
         index
-            .find(hash, |&seq| ring[(seq - base) as usize].key.as_ref() == key)
-            .copied()
+            .find(hash, |&low| ring[slot(*base, low)].key.as_ref() == key)
+            .map(|&low| *base + slot(*base, low) as u64)
     }
 
     fn remove_index(&mut self, hash: u64, seq: u64) {
-        if let Ok(e) = self.index.find_entry(hash, |&s| s == seq) {
+        let low = seq as u32;
+        if let Ok(e) = self.index.find_entry(hash, |&s| s == low) {
             e.remove();
         }
         if !self.fingerprints.is_empty() {
@@ -290,6 +329,9 @@ impl Shard {
         if self.seen(hash, key, now) {
             return false;
         }
+        if self.ring.len() >= RING_LIMIT {
+            self.pop_front(hasher);
+        }
         let seq = self.base + self.ring.len() as u64;
         self.ring.push_back(Entry {
             key: key.to_owned(),
@@ -298,11 +340,28 @@ impl Shard {
         let Shard {
             ring, base, index, ..
         } = self;
-        index.insert_unique(hash, seq, |&s| {
-            ring[(s - *base) as usize].key.as_ref().hash_with(hasher)
+        index.insert_unique(hash, seq as u32, |&low| {
+            ring[slot(*base, low)].key.as_ref().hash_with(hasher)
         });
         self.evict(now, cap, hasher);
         true
+    }
+
+    /// Drops the oldest entry of the ring (and its index entry unless it was forgotten).
+    fn pop_front(&mut self, hasher: &RandomState) {
+        let Some(front) = self.ring.front() else {
+            return;
+        };
+        if front.expires == DEAD {
+            if !self.fingerprints.is_empty() {
+                self.fingerprints.remove(&self.base);
+            }
+        } else {
+            let hash = front.key.as_ref().hash_with(hasher);
+            self.remove_index(hash, self.base);
+        }
+        self.ring.pop_front();
+        self.base += 1;
     }
 
     fn forget(&mut self, hash: u64, key: KeyRef<'_>) {
@@ -322,15 +381,7 @@ impl Shard {
             if !(dead || expired || over) {
                 break;
             }
-            if !dead {
-                let hash = front.key.as_ref().hash_with(hasher);
-                let seq = self.base;
-                self.remove_index(hash, seq);
-            } else if !self.fingerprints.is_empty() {
-                self.fingerprints.remove(&self.base);
-            }
-            self.ring.pop_front();
-            self.base += 1;
+            self.pop_front(hasher);
         }
         if self.ring.capacity() > 64 && self.ring.len() < self.ring.capacity() / 4 {
             self.ring.shrink_to(self.ring.len() * 2);
@@ -415,10 +466,9 @@ impl InMemoryStore {
     }
 
     fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
-        if !storable(id) {
+        let Some(key) = storable_key(id) else {
             return false;
-        }
-        let key = KeyRef::parse(id);
+        };
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
         let expires = self.deadline(now, ttl);
@@ -436,10 +486,9 @@ impl InMemoryStore {
     /// stores, where an in-flight id is seen by every reader until it is released or
     /// its lease ends).
     fn is_seen(&self, id: &str) -> bool {
-        if !storable(id) {
+        let Some(key) = storable_key(id) else {
             return false;
-        }
-        let key = KeyRef::parse(id);
+        };
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
         let mut shard = self.shard(hash);
@@ -572,6 +621,15 @@ impl InMemoryStore {
 /// such messages as poison before any store is asked.
 fn storable(id: &str) -> bool {
     crate::key::id_is_storable(id).is_ok()
+}
+
+/// `id` as a key of the index if it is [`storable`]: a canonical UUID always is (36 hex
+/// digits and hyphens), so only text ids are scanned for the rule.
+fn storable_key(id: &str) -> Option<KeyRef<'_>> {
+    match KeyRef::parse(id) {
+        key @ KeyRef::Uuid(_) => Some(key),
+        key @ KeyRef::Text(_) => storable(id).then_some(key),
+    }
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the data is a
@@ -728,6 +786,32 @@ mod tests {
     const U1: &str = "f1e2d3c4-b5a6-4789-90ab-cdef01234567";
 
     #[test]
+    fn canonical_uuid_parses_exactly_the_canonical_form() {
+        for _ in 0..200 {
+            let u = uuid::Uuid::new_v4();
+            let id = u.to_string();
+            assert_eq!(canonical_uuid(id.as_bytes()), Some(*u.as_bytes()));
+            assert_eq!(canonical_uuid(id.to_uppercase().as_bytes()), None);
+            assert_eq!(canonical_uuid(u.simple().to_string().as_bytes()), None);
+            assert_eq!(canonical_uuid(u.braced().to_string().as_bytes()), None);
+        }
+        assert_eq!(
+            canonical_uuid(b"00000000-0000-0000-0000-000000000000"),
+            Some([0; 16])
+        );
+        for bad in [
+            "f1e2d3c4-b5a6-4789-90ab-cdef0123456g",
+            "f1e2d3c4-b5a6-4789-90ab-cdef0123456",
+            "f1e2d3c4xb5a6-4789-90ab-cdef01234567",
+            "f1e2d3c4-b5a6-4789-90ab-cdef01234567 ",
+            "f1e2d3c4-b5a6-4789-90ab-cdef0123456é",
+            "-1e2d3c4-b5a6-4789-90ab-cdef01234567",
+        ] {
+            assert_eq!(canonical_uuid(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn uuid_and_text_ids_are_distinct_spellings() {
         let s = InMemoryStore::new();
         s.insert(U1, None);
@@ -736,6 +820,36 @@ mod tests {
         s.insert("plain id", None);
         assert!(s.is_seen("plain id"));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_past_32_bits_and_the_ring_stays_under_its_limit() {
+        // One shard whose sequence numbers cross 2³²: the index's 32-bit numbers must
+        // still name the right slots, and the ring is cut at RING_LIMIT (128 under test).
+        let s = InMemoryStore::builder().shards(1).build();
+        lock(&s.shards[0]).base = u64::from(u32::MAX) - 10;
+        for i in 0..40 {
+            assert!(s.insert(&format!("id-{i}"), None));
+        }
+        s.remove("id-3");
+        assert!(!s.is_seen("id-3"));
+        assert!(
+            (0..40)
+                .filter(|&i| i != 3)
+                .all(|i| s.is_seen(&format!("id-{i}")))
+        );
+        for i in 40..200 {
+            assert!(s.insert(&format!("id-{i}"), None));
+        }
+        let ring = lock(&s.shards[0]).ring.len();
+        assert!(ring <= RING_LIMIT, "ring {ring} over its limit");
+        assert!(
+            !s.is_seen("id-71"),
+            "the oldest entries leave at the ring limit"
+        );
+        assert!((72..200).all(|i| s.is_seen(&format!("id-{i}"))));
+        assert_eq!(s.len(), 128);
+        assert!(!s.insert("id-199", None), "a live id is not added twice");
     }
 
     #[test]
