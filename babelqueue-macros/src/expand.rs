@@ -408,7 +408,14 @@ fn guarded_fn(
         let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
         inner.set_span(last);
         let closure = respan(quote!(move |#cx_ident|), first);
-        let mut closure = Group::new(Delimiter::Parenthesis, quote!(#closure #inner));
+        // The closure's return type, written out and spanning all of `store = ...`:
+        // rustc checks it where it is written, so the obligations it carries are
+        // reported at the same tokens as the guard's (once), not at a token after `|`.
+        let closure_ret = respan_range(quote!(-> ::core::task::Poll<_>), first, last);
+        let mut closure = Group::new(
+            Delimiter::Parenthesis,
+            quote!(#closure #closure_ret #inner),
+        );
         closure.set_span(last);
         let poll_fn = respan_range(quote!(::core::future::poll_fn), first, last);
         let poll = quote!(#poll_fn #closure);
@@ -610,6 +617,8 @@ fn handler_type(
         .count()
         > 1;
     let mut lets = Vec::new();
+    let mut checks = Vec::new();
+    let fn_name = name.unraw().to_string();
     let mut call_args = Vec::new();
     let mut needs_mut = false;
     for (i, arg) in shape.args.iter().enumerate() {
@@ -638,9 +647,17 @@ fn handler_type(
                         ::core::result::Result::Err(#error) => return #private::rejected(#error),
                     };
                 });
+                // Autoref dispatch, no bound: a type that is not an argument is
+                // reported once, by the extraction above.
+                checks.push(quote! {
+                    (&#private::StateProbe::<#ty>::new()).probe_state(#state, #fn_name, #urn)?;
+                });
                 call_args.push(quote!(#local));
             }
         }
+    }
+    if checks.is_empty() {
+        checks.push(quote!(let _ = #state;));
     }
     let binding = if needs_mut {
         quote!(mut #envelope)
@@ -713,6 +730,16 @@ fn handler_type(
             ) -> #private::BoxFuture<'static, #private::HandlerOutput> {
                 #(#lets)*
                 #route
+            }
+            #[allow(clippy::needless_borrow)]
+            fn check_state_with(
+                &self,
+                #state: &#private::StateMap,
+            ) -> ::core::result::Result<(), #private::MissingState> {
+                #[allow(unused_imports)]
+                use #private::{ProbeNoState as _, ProbeState as _};
+                #(#checks)*
+                ::core::result::Result::Ok(())
             }
         }
     }
