@@ -408,14 +408,7 @@ fn guarded_fn(
         let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
         inner.set_span(last);
         let closure = respan(quote!(move |#cx_ident|), first);
-        // The closure's return type, written out and spanning all of `store = ...`:
-        // rustc checks it where it is written, so the obligations it carries are
-        // reported at the same tokens as the guard's (once), not at a token after `|`.
-        let closure_ret = respan_range(quote!(-> ::core::task::Poll<_>), first, last);
-        let mut closure = Group::new(
-            Delimiter::Parenthesis,
-            quote!(#closure #closure_ret #inner),
-        );
+        let mut closure = Group::new(Delimiter::Parenthesis, quote!(#closure #inner));
         closure.set_span(last);
         let poll_fn = respan_range(quote!(::core::future::poll_fn), first, last);
         let poll = quote!(#poll_fn #closure);
