@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use babelqueue::runtime::{App, InMemoryTransport, Stats};
 use babelqueue::{
     Attempts, Envelope, InMemoryStore, Json, Meta, Outcome, Router, State, Store, TypedHandler,
     extract::MissingState, extract::PayloadError, handler, idempotent,
 };
-use babelqueue::runtime::{App, InMemoryTransport, Stats};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 struct Payment {
@@ -224,15 +224,24 @@ fn a_missing_state_is_found_by_the_router_before_any_message() {
     let router = Router::new().register(audit {}).state(Seen::default());
     let missing = router.check_state().expect_err("Ledger is missing");
     assert!(missing.type_name().ends_with("Ledger"), "{missing}");
-    assert_eq!(missing.handler(), Some("`audit` (`urn:babel:payments:audit`)"));
+    assert_eq!(
+        missing.handler(),
+        Some("`audit` (`urn:babel:payments:audit`)")
+    );
     assert!(
-        missing.to_string().starts_with(
-            "the handler `audit` (`urn:babel:payments:audit`) takes `State<"
-        ),
+        missing
+            .to_string()
+            .starts_with("the handler `audit` (`urn:babel:payments:audit`) takes `State<"),
         "{missing}"
     );
     // Handlers without `State<T>` arguments, or with their state present, pass.
-    assert!(Router::new().register(refund {}).state(Seen::default()).check_state().is_ok());
+    assert!(
+        Router::new()
+            .register(refund {})
+            .state(Seen::default())
+            .check_state()
+            .is_ok()
+    );
     assert!(router.state(Ledger).check_state().is_ok());
 }
 
@@ -249,8 +258,15 @@ async fn a_consumer_with_a_missing_state_starts_nothing() {
     let err = app.drain().await.expect_err("the drain does not start");
     let missing = err.missing_state().expect("a MissingState");
     assert!(missing.type_name().ends_with("Ledger"), "{missing}");
-    assert_eq!(missing.handler(), Some("`audit` (`urn:babel:payments:audit`)"));
-    assert!(err.to_string().starts_with("drain did not start: the handler `audit`"), "{err}");
+    assert_eq!(
+        missing.handler(),
+        Some("`audit` (`urn:babel:payments:audit`)")
+    );
+    assert!(
+        err.to_string()
+            .starts_with("drain did not start: the handler `audit`"),
+        "{err}"
+    );
     assert_eq!(err.stats, Stats::default());
     // Nothing was reserved: the message is still queued, none in flight.
     assert_eq!(transport.len("typed-handler-missing-state"), 1);
