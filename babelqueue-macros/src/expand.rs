@@ -710,8 +710,11 @@ fn handler_type(
         #[derive(Debug, Clone, Copy, Default)]
         #vis struct #hidden {}
 
+        // Not recommended: a diagnostic about registering something else must not
+        // point users at the hidden type's name.
         #(#cfgs)*
         #[allow(deprecated)]
+        #[diagnostic::do_not_recommend]
         impl #private::TypedHandler for #hidden {
             fn serves(&self) -> &str {
                 #urn
