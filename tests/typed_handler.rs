@@ -1,12 +1,14 @@
 //! Typed `#[handler]` arguments and router state, through a real `Router`: what each
 //! argument receives, the one rule for a payload that does not deserialize (a typed
 //! `PayloadError`, the handler not run), a missing state (a typed `MissingState`), state
-//! added before or after registration, and `#[idempotent]` keyed on a store taken from
-//! the state.
+//! added before or after registration, `#[idempotent]` keyed on a store taken from
+//! the state, and a missing state found before any message (by `Router::check_state`,
+//! and by a consumer when it starts, reserving nothing).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use babelqueue::runtime::{App, InMemoryTransport, Stats};
 use babelqueue::{
     Attempts, Envelope, InMemoryStore, Json, Meta, Outcome, Router, State, Store, TypedHandler,
     extract::MissingState, extract::PayloadError, handler, idempotent,
@@ -207,4 +209,75 @@ fn the_handler_type_knows_its_urn_and_the_fn_stays_a_fn() {
     let env = payment("urn:babel:payments:refund", serde_json::json!({}));
     refund(env.meta.clone(), seen.clone(), env);
     assert_eq!(seen.runs.load(Ordering::SeqCst), 1);
+}
+
+/// State no router registers.
+struct Ledger;
+
+#[handler("urn:babel:payments:audit")]
+async fn audit(ledger: State<Ledger>, env: &Envelope) {
+    let _ = (ledger, env);
+}
+
+#[test]
+fn a_missing_state_is_found_by_the_router_before_any_message() {
+    let router = Router::new().register(audit {}).state(Seen::default());
+    let missing = router.check_state().expect_err("Ledger is missing");
+    assert!(missing.type_name().ends_with("Ledger"), "{missing}");
+    assert_eq!(
+        missing.handler(),
+        Some("`audit` (`urn:babel:payments:audit`)")
+    );
+    assert!(
+        missing
+            .to_string()
+            .starts_with("the handler `audit` (`urn:babel:payments:audit`) takes `State<"),
+        "{missing}"
+    );
+    // Handlers without `State<T>` arguments, or with their state present, pass.
+    assert!(
+        Router::new()
+            .register(refund {})
+            .state(Seen::default())
+            .check_state()
+            .is_ok()
+    );
+    assert!(router.state(Ledger).check_state().is_ok());
+}
+
+#[tokio::test]
+async fn a_consumer_with_a_missing_state_starts_nothing() {
+    let transport = InMemoryTransport::new();
+    let app = App::new(transport.clone())
+        .queue("typed-handler-missing-state")
+        .register(audit {});
+    let env = payment("urn:babel:payments:audit", serde_json::json!({}))
+        .with_queue("typed-handler-missing-state");
+    app.publish_envelope(&env).await.unwrap();
+
+    let err = app.drain().await.expect_err("the drain does not start");
+    let missing = err.missing_state().expect("a MissingState");
+    assert!(missing.type_name().ends_with("Ledger"), "{missing}");
+    assert_eq!(
+        missing.handler(),
+        Some("`audit` (`urn:babel:payments:audit`)")
+    );
+    assert!(
+        err.to_string()
+            .starts_with("drain did not start: the handler `audit`"),
+        "{err}"
+    );
+    assert_eq!(err.stats, Stats::default());
+    // Nothing was reserved: the message is still queued, none in flight.
+    assert_eq!(transport.len("typed-handler-missing-state"), 1);
+    assert_eq!(transport.processing_len("typed-handler-missing-state"), 0);
+    // `run_until` does not start either (it would otherwise block on the shutdown future).
+    let stats = app.run_until(std::future::pending()).await;
+    assert_eq!(stats, Stats::default());
+    assert_eq!(transport.len("typed-handler-missing-state"), 1);
+
+    // With the state, the same message is handled.
+    let app = app.state(Ledger);
+    let stats = app.drain().await.unwrap();
+    assert_eq!(stats.succeeded, 1);
 }

@@ -102,6 +102,14 @@ pub trait FromEnvelope: Sized {
 
     /// Builds the argument.
     fn from_envelope(envelope: &Envelope, state: &StateMap) -> Result<Self, Self::Rejection>;
+
+    /// Whether `state` holds the shared state this argument needs, checked before any
+    /// message is handled ([`Router::check_state`](crate::Router::check_state), called
+    /// when a consumer starts). The default needs none; [`State<T>`] needs a `T`.
+    fn check_state(state: &StateMap) -> Result<(), MissingState> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 /// The message's payload (`data`), deserialized with serde into `T`.
@@ -196,27 +204,67 @@ impl<T: Send + Sync + 'static> FromEnvelope for State<T> {
     type Rejection = MissingState;
 
     fn from_envelope(_: &Envelope, state: &StateMap) -> Result<Self, MissingState> {
-        state.get_shared::<T>().map(State).ok_or(MissingState {
-            type_name: type_name::<T>(),
-        })
+        state
+            .get_shared::<T>()
+            .map(State)
+            .ok_or_else(MissingState::of::<T>)
+    }
+
+    fn check_state(state: &StateMap) -> Result<(), MissingState> {
+        match state.get::<T>() {
+            Some(_) => Ok(()),
+            None => Err(MissingState::of::<T>()),
+        }
     }
 }
 
 /// A handler takes `State<T>` but its router holds no `T`: add it with
-/// `Router::state(value)`. The handler does not run; the message fails (and is retried
-/// like any handler error).
+/// `Router::state(value)` (or `App::state(value)`).
+///
+/// Found before any message is handled: [`Router::check_state`](crate::Router::check_state)
+/// returns it, and a consumer (`App::drain`, `App::run_until`) checks its router when it
+/// starts, so it reserves nothing. A router dispatching by hand without that check gets
+/// it as the handler's error instead: the handler does not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the handler takes `State<{type_name}>` but the router has no `{type_name}`; add it with `Router::state(...)`"
+    "{}takes `State<{type_name}>` but the router has no `{type_name}`; add it with `Router::state(...)` (or `App::state(...)`)",
+    handler_prefix(handler.as_deref())
 )]
 pub struct MissingState {
     type_name: &'static str,
+    handler: Option<String>,
+}
+
+fn handler_prefix(handler: Option<&str>) -> String {
+    match handler {
+        Some(h) => format!("the handler {h} "),
+        None => "the handler ".to_owned(),
+    }
 }
 
 impl MissingState {
+    fn of<T>() -> Self {
+        MissingState {
+            type_name: type_name::<T>(),
+            handler: None,
+        }
+    }
+
+    /// The same, naming the handler (its fn and URN) that needs the state.
+    pub(crate) fn in_handler(mut self, name: &str, urn: &str) -> Self {
+        self.handler = Some(format!("`{name}` (`{urn}`)"));
+        self
+    }
+
     /// The missing state's type.
     pub fn type_name(&self) -> &'static str {
         self.type_name
+    }
+
+    /// The handler that needs it, as "`fn_name` (`urn`)", when known (a
+    /// [`Router::check_state`](crate::Router::check_state) names it).
+    pub fn handler(&self) -> Option<&str> {
+        self.handler.as_deref()
     }
 }
 

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::envelope::Envelope;
-use crate::extract::StateMap;
+use crate::extract::{MissingState, StateMap};
 use crate::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
 /// A boxed, thread-safe error.
@@ -85,6 +85,13 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Handles one envelope.
     fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput>;
+
+    /// Whether the shared state this handler's arguments need is there, checked before
+    /// any message (a consumer calls it when it starts). The default needs none; a
+    /// router's handler checks its `State<T>` arguments against the router's state.
+    fn check_state(&self) -> Result<(), MissingState> {
+        Ok(())
+    }
 }
 
 /// A message handler for one URN that reads the router's shared state: what
@@ -99,14 +106,23 @@ pub trait Handler: Send + Sync + 'static {
     note = "`#[handler]` keeps your fn as it is and adds a type of the same name that the router registers: write `register(charge {{}})` for a handler fn `charge`"
 )]
 ///
-/// Its methods are named apart from [`Handler`]'s (`serves`, `call_with`), so both
-/// traits can be in scope without making `handler.call(envelope)` ambiguous.
+/// Its methods are named apart from [`Handler`]'s (`serves`, `call_with`,
+/// `check_state_with`), so both traits can be in scope without making
+/// `handler.call(envelope)` ambiguous.
 pub trait TypedHandler: Send + Sync + 'static {
     /// The URN this handler serves.
     fn serves(&self) -> &str;
 
     /// Handles one envelope, with the router's state.
     fn call_with(&self, envelope: Envelope, state: &StateMap) -> BoxFuture<'static, HandlerOutput>;
+
+    /// Whether `state` holds what this handler's arguments need (each `State<T>`
+    /// argument, a `T`), checked before any message. The default needs none;
+    /// `#[handler]` checks every argument.
+    fn check_state_with(&self, state: &StateMap) -> Result<(), MissingState> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 impl<H: Handler + ?Sized> TypedHandler for H {
@@ -115,6 +131,9 @@ impl<H: Handler + ?Sized> TypedHandler for H {
     }
     fn call_with(&self, envelope: Envelope, _: &StateMap) -> BoxFuture<'static, HandlerOutput> {
         Handler::call(self, envelope)
+    }
+    fn check_state_with(&self, _: &StateMap) -> Result<(), MissingState> {
+        Handler::check_state(self)
     }
 }
 
@@ -131,6 +150,9 @@ impl Handler for Bound {
     fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
         self.handler.call_with(envelope, &self.state)
     }
+    fn check_state(&self) -> Result<(), MissingState> {
+        self.handler.check_state_with(&self.state)
+    }
 }
 
 impl<H: Handler + ?Sized> Handler for Arc<H> {
@@ -139,6 +161,9 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
     }
     fn call(&self, envelope: Envelope) -> BoxFuture<'static, HandlerOutput> {
         H::call(self, envelope)
+    }
+    fn check_state(&self) -> Result<(), MissingState> {
+        H::check_state(self)
     }
 }
 
@@ -348,6 +373,48 @@ impl Router {
             self.routes.insert(handler.serves().to_owned(), bound);
         }
         self
+    }
+
+    /// Checks, before any message, that the router holds the shared state every
+    /// handler needs (each `State<T>` argument of a `#[handler]` fn, a `T`); the first
+    /// one missing (by URN order) names its type and the handler. A consumer
+    /// ([`App::drain`](crate::runtime::App::drain),
+    /// [`App::run_until`](crate::runtime::App::run_until)) calls it when it starts.
+    ///
+    /// With `babelqueue`'s `#[handler("urn:babel:payments:charge")] async fn charge(pool:
+    /// State<Pool>)`, `Router::new().register(charge {}).check_state()` fails with "the
+    /// handler `charge` (`urn:babel:payments:charge`) takes `State<Pool>` but the router
+    /// has no `Pool`; ...". A handler written by hand says what it needs:
+    ///
+    /// ```
+    /// use babelqueue_core::extract::{MissingState, StateMap};
+    /// use babelqueue_core::{BoxFuture, Envelope, FromEnvelope, Router, State, TypedHandler};
+    /// use babelqueue_core::handler::HandlerOutput;
+    /// struct Pool;
+    /// struct Charge;
+    /// impl TypedHandler for Charge {
+    ///     fn serves(&self) -> &str { "urn:babel:payments:charge" }
+    ///     fn call_with(&self, _: Envelope, _: &StateMap) -> BoxFuture<'static, HandlerOutput> {
+    ///         Box::pin(async { Ok(None) })
+    ///     }
+    ///     fn check_state_with(&self, state: &StateMap) -> Result<(), MissingState> {
+    ///         State::<Pool>::check_state(state)
+    ///     }
+    /// }
+    /// let router = Router::new().register(Charge);
+    /// let missing = router.check_state().unwrap_err();
+    /// assert!(missing.type_name().ends_with("Pool"));
+    /// assert!(router.state(Pool).check_state().is_ok());
+    /// ```
+    pub fn check_state(&self) -> Result<(), MissingState> {
+        let mut urns: Vec<&String> = self.routes.keys().collect();
+        urns.sort();
+        for urn in urns {
+            if let Some(handler) = self.routes.get(urn) {
+                Handler::check_state(&**handler)?;
+            }
+        }
+        Ok(())
     }
 
     /// The shared state handlers receive.

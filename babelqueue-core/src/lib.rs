@@ -80,7 +80,7 @@ pub use renamed::{guard_async_fingerprint, guard_async_ttl, guard_lease_async_re
 #[doc(hidden)]
 pub mod __private {
     pub use crate::envelope::Envelope;
-    pub use crate::extract::{FromEnvelope, StateMap};
+    pub use crate::extract::{FromEnvelope, MissingState, StateMap};
     pub use crate::fingerprint::{
         AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
         guard_async_fingerprint, guard_fingerprint,

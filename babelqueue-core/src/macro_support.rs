@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::extract::{FromEnvelope, StateMap};
+use crate::extract::{FromEnvelope, MissingState, StateMap};
 use crate::guard::{
     HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
 };
@@ -397,6 +397,45 @@ where
 /// deserialize).
 pub fn extract<T: FromEnvelope>(envelope: &Envelope, state: &StateMap) -> Result<T, HandlerError> {
     T::from_envelope(envelope, state).map_err(HandlerError::new)
+}
+
+/// Checks, before any message, that `state` holds what the argument type `T` of a
+/// `#[handler]` fn needs. Dispatched by autoref ([`ProbeState`] when `T` is an
+/// argument type, else [`ProbeNoState`]), so it adds no bound: a type that cannot be
+/// an argument is reported once, where the argument is built.
+pub struct StateProbe<T>(PhantomData<T>);
+
+impl<T> StateProbe<T> {
+    /// The probe for `T`.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        StateProbe(PhantomData)
+    }
+}
+
+/// [`StateProbe`] of an argument type: asks it.
+pub trait ProbeState {
+    /// Whether `state` holds what the argument needs, naming the handler `name`
+    /// (serving `urn`) when it does not.
+    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState>;
+}
+
+impl<T: FromEnvelope> ProbeState for StateProbe<T> {
+    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState> {
+        T::check_state(state).map_err(|e| e.in_handler(name, urn))
+    }
+}
+
+/// [`StateProbe`] of a type that is not an argument type (already a compile error).
+pub trait ProbeNoState {
+    /// Nothing to check.
+    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState>;
+}
+
+impl<T> ProbeNoState for &StateProbe<T> {
+    fn probe_state(&self, _: &StateMap, _: &str, _: &str) -> Result<(), MissingState> {
+        Ok(())
+    }
 }
 
 /// The router's output for a handler whose arguments could not be built: it did not run.

@@ -610,6 +610,8 @@ fn handler_type(
         .count()
         > 1;
     let mut lets = Vec::new();
+    let mut checks = Vec::new();
+    let fn_name = name.unraw().to_string();
     let mut call_args = Vec::new();
     let mut needs_mut = false;
     for (i, arg) in shape.args.iter().enumerate() {
@@ -638,9 +640,17 @@ fn handler_type(
                         ::core::result::Result::Err(#error) => return #private::rejected(#error),
                     };
                 });
+                // Autoref dispatch, no bound: a type that is not an argument is
+                // reported once, by the extraction above.
+                checks.push(quote! {
+                    (&#private::StateProbe::<#ty>::new()).probe_state(#state, #fn_name, #urn)?;
+                });
                 call_args.push(quote!(#local));
             }
         }
+    }
+    if checks.is_empty() {
+        checks.push(quote!(let _ = #state;));
     }
     let binding = if needs_mut {
         quote!(mut #envelope)
@@ -700,8 +710,11 @@ fn handler_type(
         #[derive(Debug, Clone, Copy, Default)]
         #vis struct #hidden {}
 
+        // Not recommended: a diagnostic about registering something else must not
+        // point users at the hidden type's name.
         #(#cfgs)*
         #[allow(deprecated)]
+        #[diagnostic::do_not_recommend]
         impl #private::TypedHandler for #hidden {
             fn serves(&self) -> &str {
                 #urn
@@ -713,6 +726,16 @@ fn handler_type(
             ) -> #private::BoxFuture<'static, #private::HandlerOutput> {
                 #(#lets)*
                 #route
+            }
+            #[allow(clippy::needless_borrow)]
+            fn check_state_with(
+                &self,
+                #state: &#private::StateMap,
+            ) -> ::core::result::Result<(), #private::MissingState> {
+                #[allow(unused_imports)]
+                use #private::{ProbeNoState as _, ProbeState as _};
+                #(#checks)*
+                ::core::result::Result::Ok(())
             }
         }
     }

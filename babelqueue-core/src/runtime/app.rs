@@ -11,6 +11,7 @@ use super::settle::RetryPolicy;
 use super::transport::{Transport, TransportError};
 use super::worker::{Mode, consume};
 use crate::envelope::{Envelope, EnvelopeError};
+use crate::extract::MissingState;
 use crate::guard::HandlerResult;
 use crate::handler::{BoxError, Router, TypedHandler};
 
@@ -32,14 +33,40 @@ pub enum UnknownUrnStrategy {
 
 /// [`App::drain`] gave up: the transport kept failing for longer than
 /// [`App::give_up_after`]. In-flight messages were finished first.
+///
+/// Or it did not start: a handler needs shared state the router lacks (see
+/// [`App::check_state`]); then `error` is a [`TransportError::Backend`] whose source is
+/// the [`MissingState`], and nothing was reserved.
 #[derive(Debug, thiserror::Error)]
-#[error("drain gave up after repeated transport failures: {error}")]
+#[error("{}", drain_error_message(error))]
 pub struct DrainError {
     /// The last transport error.
     #[source]
     pub error: TransportError,
     /// What was done before giving up.
     pub stats: Stats,
+}
+
+fn drain_error_message(error: &TransportError) -> String {
+    match missing_state(error) {
+        Some(missing) => format!("drain did not start: {missing}"),
+        None => format!("drain gave up after repeated transport failures: {error}"),
+    }
+}
+
+fn missing_state(error: &TransportError) -> Option<&MissingState> {
+    match error {
+        TransportError::Backend(source) => source.downcast_ref::<MissingState>(),
+        _ => None,
+    }
+}
+
+impl DrainError {
+    /// The shared state a handler needs and the router lacks, when that is why the
+    /// drain did not start.
+    pub fn missing_state(&self) -> Option<&MissingState> {
+        missing_state(&self.error)
+    }
 }
 
 /// Publishing a new message failed.
@@ -524,8 +551,26 @@ impl App {
     /// Processes messages until the queue is empty, none of its messages is delayed
     /// (retries, deferrals, releases waiting for their time) and nothing is in flight in
     /// this consumer; returns the counts. For tests and one-shot jobs.
+    ///
+    /// First it checks that the router holds every handler's shared state
+    /// ([`check_state`](Self::check_state)); if not, it returns at once, with nothing
+    /// reserved ([`DrainError::missing_state`] says what is missing).
     pub async fn drain(&self) -> Result<Stats, DrainError> {
+        if let Err(missing) = self.check_state() {
+            return Err(DrainError {
+                error: TransportError::backend(missing),
+                stats: Stats::default(),
+            });
+        }
         consume(self, Mode::Drain, std::future::pending()).await
+    }
+
+    /// Checks that the router holds the shared state every handler needs (each
+    /// `State<T>` argument of a `#[handler]` fn, a `T`; see [`Router::check_state`]).
+    /// [`drain`](Self::drain) and [`run_until`](Self::run_until) call it before
+    /// reserving anything; call it yourself to fail at start-up with your own message.
+    pub fn check_state(&self) -> Result<(), MissingState> {
+        self.router.check_state()
     }
 
     /// Consumes until `shutdown` completes, then stops reserving, lets the messages in
@@ -553,10 +598,18 @@ impl App {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
+    ///
+    /// It first checks the router's state ([`check_state`](Self::check_state)): when a
+    /// handler needs state the router lacks, it logs the error naming the type and the
+    /// handler and returns at once, with nothing reserved.
     pub async fn run_until<S>(&self, shutdown: S) -> Stats
     where
         S: Future<Output = ()> + Send,
     {
+        if let Err(missing) = self.check_state() {
+            tracing::error!(error = %missing, queue = %self.config.queue, "consumer not started");
+            return Stats::default();
+        }
         match consume(self, Mode::Run, shutdown).await {
             Ok(stats) => stats,
             Err(e) => e.stats,
