@@ -92,7 +92,8 @@ struct Args {
     /// Seed of the shuffle and of the choice of duplicated payments.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Runtime worker threads (default: the number of cores).
+    /// Runtime worker threads (default: the CPUs this process may run on, e.g. 1 under
+    /// `taskset -c 1`: more threads than CPUs only adds context switches).
     #[arg(long)]
     threads: Option<usize>,
     /// Only load the shuffled workload onto the queue (after emptying its lists) and exit:
@@ -432,9 +433,10 @@ async fn bench(args: Args) -> Result<(), BoxError> {
 fn main() {
     let args = Args::parse();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        builder.worker_threads(n.max(1));
-    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    builder.worker_threads(threads.max(1));
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
