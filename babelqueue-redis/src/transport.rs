@@ -70,6 +70,17 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_cluster_error()
 }
 
+/// Appends the store writes handed over with an ack, each as one command.
+fn add_writes(pipe: &mut redis::Pipeline, writes: &[PipelinedWrite]) {
+    for w in writes {
+        let mut cmd = redis::Cmd::new();
+        for a in w.args() {
+            cmd.arg(a.as_slice());
+        }
+        pipe.add_command(cmd);
+    }
+}
+
 fn digest(element: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     element.hash(&mut h);
@@ -668,13 +679,7 @@ impl RedisTransport {
         let recoveries = self.local(queue, |q| q.recoveries);
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for w in writes {
-            let mut cmd = redis::Cmd::new();
-            for a in w.args() {
-                cmd.arg(a.as_slice());
-            }
-            pipe.add_command(cmd);
-        }
+        add_writes(&mut pipe, writes);
         if recoveries {
             // The ack also drops the element's recovery counter: the script, by `EVAL`
             // (in a pipeline, `EVALSHA` cannot fall back to loading it).
@@ -949,13 +954,7 @@ impl Transport for RedisTransport {
                 return Err(TransportError::Unsupported("pipelined writes"));
             }
             let mut pipe = redis::pipe();
-            for w in writes {
-                let mut cmd = redis::Cmd::new();
-                for a in w.args() {
-                    cmd.arg(a.as_slice());
-                }
-                pipe.add_command(cmd).ignore();
-            }
+            add_writes(&mut pipe, writes);
             let (generation, mut conn) = self.conn().await?;
             let r = pipe.query_async::<()>(&mut conn).await;
             self.after(generation, r).await
