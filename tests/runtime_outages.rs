@@ -127,6 +127,14 @@ struct RedisServer {
 
 impl RedisServer {
     fn start(dir: &std::path::Path) -> RedisServer {
+        RedisServer {
+            child: Some(Self::spawn(dir)),
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// Spawns `redis-server` on `dir` and waits until it accepts connections.
+    fn spawn(dir: &std::path::Path) -> Child {
         std::fs::create_dir_all(dir).unwrap();
         let child = Command::new("redis-server")
             .args(["--port", &REDIS_PORT.to_string(), "--bind", "127.0.0.1"])
@@ -148,10 +156,14 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        RedisServer {
-            child: Some(child),
-            dir: dir.to_owned(),
-        }
+        child
+    }
+
+    /// Starts the server again on the same directory (its append-only file). The same
+    /// value is kept: dropping a `RedisServer` removes the directory, which must not
+    /// happen under the restarted server.
+    fn restart(&mut self) {
+        self.child = Some(Self::spawn(&self.dir));
     }
 
     /// SIGTERM: a clean shutdown that keeps the append-only file.
@@ -204,7 +216,7 @@ async fn a_redis_store_down_for_12_s_mid_run_loses_and_double_charges_nothing() 
     let stopped_at = seen.charged();
     tokio::time::sleep(Duration::from_secs(12)).await;
     let during = seen.charged() - stopped_at;
-    server = RedisServer::start(&dir);
+    server.restart();
     let stats = tokio::time::timeout(Duration::from_secs(120), drain)
         .await
         .expect("the drain ends once the store is back")
