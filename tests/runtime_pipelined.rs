@@ -63,6 +63,8 @@ struct Piped {
     gate: Arc<Semaphore>,
     /// Everything sent, in order: `SET <id>` / `ACK` / `WRITE <id>`.
     log: Arc<Mutex<Vec<String>>>,
+    /// Combined acks to fail (as a lost connection would) before doing anything.
+    fail_combined: AtomicUsize,
 }
 
 impl Piped {
@@ -129,6 +131,14 @@ impl Transport for Piped {
     ) -> BoxFuture<'a, Result<Option<Delivery>, TransportError>> {
         Box::pin(async move {
             self.gate.acquire().await.unwrap().forget();
+            if next.is_some()
+                && self
+                    .fail_combined
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(TransportError::connection("connection reset"));
+            }
             self.apply(writes, "SET").await;
             self.ack(delivery).await?;
             match next {
@@ -187,6 +197,7 @@ fn piped(gate: usize) -> (Arc<Piped>, Store) {
         store: store.clone(),
         gate: Arc::new(Semaphore::new(gate)),
         log: Arc::default(),
+        fail_combined: AtomicUsize::new(0),
     });
     (t, store)
 }
@@ -257,4 +268,36 @@ async fn a_guard_called_by_hand_remembers_itself() {
         .unwrap();
     assert_eq!(store.own_remembers.load(Ordering::SeqCst), 1);
     assert!(AsyncStore::seen(&store, &env.meta.id).await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_ack_with_reserve_is_sent_again_on_its_own_and_nothing_is_lost() {
+    let (t, store) = piped(1000);
+    t.fail_combined.store(1, Ordering::SeqCst);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), false);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}")}))
+            .unwrap()
+            .with_queue("payments");
+        ids.push(env.meta.id.clone());
+        app.publish_raw(env.encode()).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        t.fail_combined.load(Ordering::SeqCst),
+        0,
+        "the failure happened"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 3);
+    assert_eq!((stats.succeeded, stats.acked, stats.unacked), (3, 3, 0));
+    assert!(stats.transport_errors >= 1, "{stats:?}");
+    for id in &ids {
+        assert!(AsyncStore::seen(&*store.inner, id).await.unwrap());
+    }
+    assert_eq!(
+        (t.inner.len("payments"), t.inner.processing_len("payments")),
+        (0, 0)
+    );
 }

@@ -443,10 +443,6 @@ impl From<Report> for Processed {
 /// Processes one delivery, from checks to settled (or, with `defer_ack`, to an ack
 /// that waits for the worker's next reserve).
 pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> Processed {
-    process_inner(ctx, delivery, defer_ack).await
-}
-
-async fn process_inner(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> Processed {
     let size = delivery.body().len();
     if size > ctx.config.max_body_size {
         let error = format!(
