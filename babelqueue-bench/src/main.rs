@@ -104,6 +104,10 @@ struct Args {
     /// `remember` with the ack): every operation a round trip of its own, as before.
     #[arg(long)]
     no_pipelining: bool,
+    /// Set `TCP_NODELAY` (Nagle's algorithm off) on the transport's and the Redis store's
+    /// connections; the default leaves it off, as the redis crate does.
+    #[arg(long)]
+    nodelay: bool,
 }
 
 /// One run's figures.
@@ -293,7 +297,8 @@ where
     preload(raw, bodies).await?;
     let transport = RedisTransport::connect(&args.url)
         .await?
-        .pipelining(!args.no_pipelining);
+        .pipelining(!args.no_pipelining)
+        .tcp_nodelay(args.nodelay);
     let effects = Arc::new(AtomicU64::new(0));
     let app = consumer(
         transport,
@@ -366,6 +371,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
                 let store = RedisStore::builder(args.url.as_str())
                     .prefix(format!("bq:idemp:bench:{tag}:"))
                     .ttl(Duration::from_secs(600))
+                    .tcp_nodelay(args.nodelay)
                     .connect()
                     .await?;
                 one_run(&args, &bodies, Arc::new(store), &mut raw).await?
@@ -409,14 +415,15 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
     let median = &runs[runs.len() / 2];
     println!(
-        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={}",
+        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={} nodelay={}",
         args.store,
         args.mode,
         args.concurrency,
         args.n,
         args.dup_frac,
         args.runs,
-        !args.no_pipelining
+        !args.no_pipelining,
+        args.nodelay
     );
     println!(
         "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2} redis_reads_per_delivery={:.2}",

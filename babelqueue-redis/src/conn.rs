@@ -195,6 +195,18 @@ impl Connector {
     }
 }
 
+/// A [`Client`] for `url` with `TCP_NODELAY` set (or not) on its TCP connections.
+pub(crate) fn client_for(url: &str, nodelay: bool) -> RedisResult<Client> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+    Client::open(with_nodelay(info, nodelay))
+}
+
+/// `info` with `TCP_NODELAY` set to `nodelay` (its other TCP settings kept).
+pub(crate) fn with_nodelay(info: redis::ConnectionInfo, nodelay: bool) -> redis::ConnectionInfo {
+    let tcp = info.tcp_settings().clone().set_nodelay(nodelay);
+    info.set_tcp_settings(tcp)
+}
+
 /// `host:port/db`: what a [`RedisStore`](crate::RedisStore) and a
 /// [`RedisTransport`](crate::RedisTransport) compare to know they share one server and
 /// database (a store there then has its `remember` sent with the transport's ack).
