@@ -206,7 +206,7 @@ macro_rules! guard_trait {
             /// Runs `body` under the guard.
             fn guard<F>(
                 &self,
-                key: Option<String>,
+                key: Option<GuardKey>,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
@@ -223,7 +223,7 @@ macro_rules! guard_trait {
         {
             fn guard<F>(
                 &self,
-                key: Option<String>,
+                key: Option<GuardKey>,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
@@ -245,7 +245,7 @@ macro_rules! guard_trait {
             /// Runs `body` under the guard.
             fn guard<Fut>(
                 &self,
-                key: Option<String>,
+                key: Option<GuardKey>,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
@@ -262,7 +262,7 @@ macro_rules! guard_trait {
         {
             async fn guard<Fut>(
                 &self,
-                key: Option<String>,
+                key: Option<GuardKey>,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
@@ -341,15 +341,214 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
     note = "convert it to a string (e.g. `key = x.to_string()`), or give it a type of your own implementing `babelqueue::DedupeKey`"
 )]
 pub trait KeySource {
-    /// The key as an owned string (`None`: no usable key, fail open). The expansion
-    /// computes it before the handler's body takes its parameters.
+    /// The key as an owned string (`None`: no usable key, fail open).
     fn owned_key(&self) -> Option<String>;
+
+    /// The key as a [`GuardKey`] (`None`: no usable key, fail open): kept inline, with
+    /// no heap allocation, when it is at most [`GuardKey::INLINE`] bytes long (a UUID
+    /// `meta.id` is 36). The expansion computes it before the handler's body takes its
+    /// parameters.
+    fn guard_key(&self) -> Option<GuardKey>;
 }
 
 #[diagnostic::do_not_recommend]
 impl<T: DedupeKey + ?Sized> KeySource for T {
     fn owned_key(&self) -> Option<String> {
         self.dedupe_key().map(Cow::into_owned)
+    }
+
+    #[inline]
+    fn guard_key(&self) -> Option<GuardKey> {
+        self.dedupe_key().map(GuardKey::from)
+    }
+}
+
+/// A dedupe key owned by one guarded call: up to [`GuardKey::INLINE`] bytes are kept
+/// inline (no heap allocation), a longer key in a `String`. Dereferences to `str`.
+///
+/// ```
+/// use babelqueue_core::macro_support::GuardKey;
+///
+/// let id = GuardKey::from("0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
+/// assert_eq!(&*id, "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
+/// assert!(id.is_inline());
+/// let long = GuardKey::from("x".repeat(100).as_str());
+/// assert_eq!(long.len(), 100);
+/// assert!(!long.is_inline());
+/// ```
+#[derive(Clone)]
+pub struct GuardKey(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
+    /// Invariant: `buf[..len]` is valid UTF-8 (copied from a `str`), `len <= INLINE`.
+    Inline {
+        len: u8,
+        buf: [u8; GuardKey::INLINE],
+    },
+    Heap(String),
+}
+
+impl GuardKey {
+    /// The longest key kept inline, in bytes.
+    pub const INLINE: usize = 62;
+
+    /// `namespace#key`, inline when it fits (the stored form of a namespaced key).
+    fn scoped(namespace: &str, key: &str) -> GuardKey {
+        let len = namespace.len() + 1 + key.len();
+        if len <= Self::INLINE {
+            let mut buf = [0u8; Self::INLINE];
+            buf[..namespace.len()].copy_from_slice(namespace.as_bytes());
+            buf[namespace.len()] = crate::namespace::SEPARATOR as u8;
+            buf[namespace.len() + 1..len].copy_from_slice(key.as_bytes());
+            // `len <= INLINE <= u8::MAX`.
+            GuardKey(KeyRepr::Inline {
+                len: len as u8,
+                buf,
+            })
+        } else {
+            let mut out = String::with_capacity(len);
+            out.push_str(namespace);
+            out.push(crate::namespace::SEPARATOR);
+            out.push_str(key);
+            GuardKey(KeyRepr::Heap(out))
+        }
+    }
+
+    /// The key.
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            KeyRepr::Inline { len, buf } => {
+                let bytes = &buf[..usize::from(*len)];
+                // SAFETY: `buf[..len]` was copied from a `str` whole (or from two `str`s
+                // around an ASCII separator), so it is valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(bytes) }
+            }
+            KeyRepr::Heap(s) => s,
+        }
+    }
+
+    /// Whether the key is kept inline (no heap allocation).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, KeyRepr::Inline { .. })
+    }
+}
+
+impl From<&str> for GuardKey {
+    #[inline]
+    fn from(s: &str) -> GuardKey {
+        if s.len() <= Self::INLINE {
+            let mut buf = [0u8; Self::INLINE];
+            buf[..s.len()].copy_from_slice(s.as_bytes());
+            // `s.len() <= INLINE <= u8::MAX`.
+            GuardKey(KeyRepr::Inline {
+                len: s.len() as u8,
+                buf,
+            })
+        } else {
+            GuardKey(KeyRepr::Heap(s.to_owned()))
+        }
+    }
+}
+
+impl From<String> for GuardKey {
+    /// Keeps the string's own allocation (already made).
+    fn from(s: String) -> GuardKey {
+        GuardKey(KeyRepr::Heap(s))
+    }
+}
+
+impl From<Cow<'_, str>> for GuardKey {
+    #[inline]
+    fn from(s: Cow<'_, str>) -> GuardKey {
+        match s {
+            Cow::Borrowed(s) => GuardKey::from(s),
+            Cow::Owned(s) => GuardKey::from(s),
+        }
+    }
+}
+
+impl std::ops::Deref for GuardKey {
+    type Target = str;
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for GuardKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl DedupeKey for GuardKey {
+    #[inline]
+    fn dedupe_key(&self) -> Option<Cow<'_, str>> {
+        self.as_str().dedupe_key()
+    }
+}
+
+/// A key of a custom `key = ...` stored as `<namespace>#<key>` (see
+/// [`scoped_key`](crate::namespace::scoped_key)), as a [`GuardKey`].
+#[inline]
+pub fn scoped_guard_key(namespace: &str, key: Option<GuardKey>) -> Option<GuardKey> {
+    key.map(|key| GuardKey::scoped(namespace, &key))
+}
+
+/// The type a closure returns: [`GuardFuture`] names the future it holds as
+/// `<C as ReturnsType>::Type` of a closure `C` that is never called.
+pub trait ReturnsType {
+    /// What the closure returns.
+    type Type;
+}
+
+impl<C: FnOnce() -> T, T> ReturnsType for C {
+    type Type = T;
+}
+
+/// An async guard's future, held by value and pinned in place (no heap allocation): what
+/// the `#[idempotent]` expansion of an `async fn` awaits (see [`guard_future`]).
+///
+/// Its type names the guard's future only through a closure type `C`, and rustc does not
+/// check a closure's signature where the closure's type is used. So when `store = ...`
+/// does not fit the guard, the `.await` on a `GuardFuture` does not report the mismatch a
+/// second time at the `await` (as it would on the guard's future itself, or on any type
+/// naming it): the one error is the guard call's, at the user's `store = ...`.
+pub struct GuardFuture<C: ReturnsType> {
+    /// Structurally pinned: never moved out, no `Drop` impl.
+    fut: C::Type,
+    _names: C,
+}
+
+/// `fut` as a [`GuardFuture`]; `names` is a closure returning `fut`'s type, never called
+/// (the expansion passes `|| unreachable!()`).
+///
+/// ```
+/// use babelqueue_core::macro_support::guard_future;
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let out = guard_future(async { 7 }, || unreachable!()).await;
+/// assert_eq!(out, 7);
+/// # });
+/// ```
+#[inline]
+pub fn guard_future<T, C: FnOnce() -> T>(fut: T, names: C) -> GuardFuture<C> {
+    GuardFuture { fut, _names: names }
+}
+
+impl<C: ReturnsType<Type: Future>> Future for GuardFuture<C> {
+    type Output = <C::Type as Future>::Output;
+
+    #[inline]
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        // SAFETY: `fut` is structurally pinned: nothing moves it out of a pinned
+        // `GuardFuture` (no method gives it out, there is no `Drop` impl), and
+        // `GuardFuture` is `Unpin` only when `fut` is.
+        unsafe { self.map_unchecked_mut(|this| &mut this.fut) }.poll(cx)
     }
 }
 
@@ -482,6 +681,67 @@ mod tests {
         }
         assert_eq!(runs, 2);
         assert!(AsyncStore::seen(&store, "a").await.unwrap());
+    }
+
+    #[test]
+    fn guard_key_is_inline_up_to_its_limit_and_equal_to_the_owned_key() {
+        let uuid = "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77";
+        let key = KeySource::guard_key(uuid).unwrap();
+        assert!(key.is_inline());
+        assert_eq!(&*key, uuid);
+        for len in [
+            1,
+            GuardKey::INLINE - 1,
+            GuardKey::INLINE,
+            GuardKey::INLINE + 1,
+            600,
+        ] {
+            let s = "k".repeat(len);
+            let key = KeySource::guard_key(s.as_str()).unwrap();
+            assert_eq!(key.is_inline(), len <= GuardKey::INLINE, "len {len}");
+            assert_eq!(key.as_str(), s);
+            assert_eq!(key.dedupe_key().as_deref(), Some(s.as_str()));
+        }
+        // Multi-byte UTF-8, and keys a `DedupeKey` gives owned (an integer).
+        let key = KeySource::guard_key("zahlung-ä-€-🦀").unwrap();
+        assert_eq!(&*key, "zahlung-ä-€-🦀");
+        assert_eq!(KeySource::guard_key(&42u64).as_deref(), Some("42"));
+        assert!(KeySource::guard_key("").is_none());
+        assert!(KeySource::guard_key(&None::<&str>).is_none());
+    }
+
+    #[test]
+    fn scoped_guard_key_matches_scoped_key() {
+        use crate::namespace::scoped_key;
+        for (ns, key) in [
+            ("urn:babel:payments:charge", "pay_00000001"),
+            ("billing", "é€🦀"),
+            (
+                "urn:babel:payments:charge",
+                "a-key-long-enough-to-spill-over-the-inline-buffer",
+            ),
+            ("n", ""),
+        ] {
+            let want = scoped_key(ns, KeySource::owned_key(key));
+            let got = scoped_guard_key(ns, KeySource::guard_key(key));
+            assert_eq!(got.as_deref(), want.as_deref(), "{ns} {key}");
+            if let Some(got) = got {
+                assert_eq!(got.is_inline(), got.len() <= GuardKey::INLINE);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn guard_future_polls_the_future_it_holds() {
+        let store = InMemoryStore::new();
+        let mut runs = 0;
+        for _ in 0..2 {
+            let fut = AsyncGuard::<UnitKind>::guard(&store, Some("c".into()), None, async {
+                runs += 1;
+            });
+            guard_future(fut, || unreachable!()).await;
+        }
+        assert_eq!(runs, 1);
     }
 
     #[test]
