@@ -203,15 +203,17 @@ macro_rules! guard_trait {
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard.
-            fn guard<F>(
+            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, F>(
                 &self,
-                key: Option<GuardKey>,
+                key: Q,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 F: FnOnce() -> K::Ret;
         }
 
@@ -221,14 +223,15 @@ macro_rules! guard_trait {
             K: $kind_bound,
             S: $fits<K>,
         {
-            fn guard<F>(
+            fn guard<Q, F>(
                 &self,
-                key: Option<GuardKey>,
+                key: Q,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 F: FnOnce() -> K::Ret,
             {
                 K::from_guard($run(self, key, $($lease,)? ttl, body))
@@ -242,15 +245,17 @@ macro_rules! guard_trait {
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard.
-            fn guard<Fut>(
+            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, Fut>(
                 &self,
-                key: Option<GuardKey>,
+                key: Q,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> impl Future<Output = K::Ret>
             where
+                Q: DedupeKey,
                 Fut: Future<Output = K::Ret>;
         }
 
@@ -260,14 +265,15 @@ macro_rules! guard_trait {
             K: $kind_bound,
             S: $fits<K>,
         {
-            async fn guard<Fut>(
+            async fn guard<Q, Fut>(
                 &self,
-                key: Option<GuardKey>,
+                key: Q,
                 $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 Fut: Future<Output = K::Ret>,
             {
                 K::from_guard($run(self, key, $($lease,)? ttl, body).await)
@@ -651,13 +657,15 @@ mod tests {
     fn unit_and_result_returns_map_back() {
         let store = InMemoryStore::new();
         let mut runs = 0;
-        SyncGuard::<UnitKind>::guard(&store, Some("a".into()), None, || runs += 1);
-        SyncGuard::<UnitKind>::guard(&store, Some("a".into()), None, || runs += 1);
+        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
+        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
         assert_eq!(runs, 1);
-        let r =
-            SyncGuard::<ResultKind<std::io::Error>>::guard(&store, Some("b".into()), None, || {
-                Err(std::io::Error::other("boom"))
-            });
+        let r = SyncGuard::<ResultKind<std::io::Error>>::guard(
+            &store,
+            GuardKey::from("b"),
+            None,
+            || Err(std::io::Error::other("boom")),
+        );
         assert!(r.is_err());
         assert!(!Store::seen(&store, "b").unwrap());
     }
@@ -672,7 +680,7 @@ mod tests {
         for _ in 0..2 {
             let fut = AsyncGuard::<ResultKind<std::io::Error>>::guard(
                 &store,
-                Some("a".into()),
+                GuardKey::from("a"),
                 None,
                 async { Ok(()) },
             );
@@ -736,7 +744,7 @@ mod tests {
         let store = InMemoryStore::new();
         let mut runs = 0;
         for _ in 0..2 {
-            let fut = AsyncGuard::<UnitKind>::guard(&store, Some("c".into()), None, async {
+            let fut = AsyncGuard::<UnitKind>::guard(&store, GuardKey::from("c"), None, async {
                 runs += 1;
             });
             guard_future(fut, || unreachable!()).await;

@@ -257,6 +257,16 @@ fn guarded_fn(
     };
     let key_path = respan_range(quote!(#private::KeySource::#key_fn), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
+    // The `meta.id` of an `env: &Envelope` parameter is keyed on through (a copy of) the
+    // reference, as a hand-written `guard_async(&STORE, env, ...)` does: the body cannot
+    // move or change the envelope behind it, so the key need not be copied out first.
+    let key_call = match (&args.key, &shape.env) {
+        (None, Some(env)) if env.by == EnvRef::Shared && !by_return_type => {
+            let ident = &env.ident;
+            quote_spanned!(key_first=> #ident)
+        }
+        _ => key_call,
+    };
     // A custom key is stored as `<namespace>#<key>`: by default the handler's URN (the
     // envelope's `job`), or the checked literal of `namespace = "..."`; `namespace = none`
     // keeps it bare. `meta.id` stays bare.
