@@ -199,7 +199,7 @@ macro_rules! guard_trait {
     (
         $(#[$meta:meta])*
         $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
-        ($($lease:ident)?), sync
+        (), sync
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
@@ -208,7 +208,6 @@ macro_rules! guard_trait {
             fn guard<Q, F>(
                 &self,
                 key: Q,
-                $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
@@ -226,7 +225,6 @@ macro_rules! guard_trait {
             fn guard<Q, F>(
                 &self,
                 key: Q,
-                $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
@@ -234,14 +232,64 @@ macro_rules! guard_trait {
                 Q: DedupeKey,
                 F: FnOnce() -> K::Ret,
             {
-                K::from_guard($run(self, key, $($lease,)? ttl, body))
+                K::from_guard($run(self, key, ttl, body))
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
+        (lease), sync
+    ) => {
+        $(#[$meta])*
+        pub trait $name<K: ReturnKind> {
+            /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key). `error` is `PhantomData`, spanned
+            /// at the handler's return type: an error type `E` that cannot hold
+            /// [`InFlight`] is reported there.
+            fn guard<Q, F, E>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: F,
+                error: PhantomData<E>,
+            ) -> K::Ret
+            where
+                Q: DedupeKey,
+                F: FnOnce() -> K::Ret,
+                K: ReturnKind<Error = E>,
+                E: AcceptsInFlight;
+        }
+
+        impl<S, K> $name<K> for S
+        where
+            S: $marker $(+ $extra)? + ?Sized,
+            K: $kind_bound,
+            S: $fits<K>,
+        {
+            fn guard<Q, F, E>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: F,
+                _error: PhantomData<E>,
+            ) -> K::Ret
+            where
+                Q: DedupeKey,
+                F: FnOnce() -> K::Ret,
+                K: ReturnKind<Error = E>,
+                E: AcceptsInFlight,
+            {
+                K::from_guard($run(self, key, lease, ttl, body))
             }
         }
     };
     (
         $(#[$meta:meta])*
         $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
-        ($($lease:ident)?), async
+        (), async
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
@@ -250,7 +298,6 @@ macro_rules! guard_trait {
             fn guard<Q, Fut>(
                 &self,
                 key: Q,
-                $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> impl Future<Output = K::Ret>
@@ -268,7 +315,6 @@ macro_rules! guard_trait {
             async fn guard<Q, Fut>(
                 &self,
                 key: Q,
-                $($lease: Duration,)?
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> K::Ret
@@ -276,7 +322,49 @@ macro_rules! guard_trait {
                 Q: DedupeKey,
                 Fut: Future<Output = K::Ret>,
             {
-                K::from_guard($run(self, key, $($lease,)? ttl, body).await)
+                K::from_guard($run(self, key, ttl, body).await)
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
+        (lease), async
+    ) => {
+        $(#[$meta])*
+        pub trait $name<K: ReturnKind> {
+            /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, Fut>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: Fut,
+            ) -> impl Future<Output = K::Ret>
+            where
+                Q: DedupeKey,
+                Fut: Future<Output = K::Ret>;
+        }
+
+        impl<S, K> $name<K> for S
+        where
+            S: $marker + ?Sized,
+            K: $kind_bound,
+            S: $fits<K>,
+        {
+            async fn guard<Q, Fut>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: Fut,
+            ) -> K::Ret
+            where
+                Q: DedupeKey,
+                Fut: Future<Output = K::Ret>,
+            {
+                K::from_guard($run(self, key, lease, ttl, body).await)
             }
         }
     };
@@ -311,7 +399,7 @@ guard_trait! {
         label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
         note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
     )]
-    SyncLeaseGuard, LeaseKind, ClaimStore + Sync, StoreFits, guard_lease, (lease), sync
+    SyncLeaseGuard, ReturnKind, ClaimStore + Sync, StoreFits, guard_lease, (lease), sync
 }
 
 guard_trait! {
@@ -324,7 +412,8 @@ guard_trait! {
     AsyncLeaseGuard, LeaseKind, AsyncClaimStore, AsyncStoreFits, guard_lease_async, (lease), async
 }
 
-/// A return kind whose error can hold [`InFlight`] (lease mode).
+/// A return kind whose error can hold [`InFlight`] (lease mode, `async fn`; a sync fn
+/// checks its error type at its return type instead, see [`SyncLeaseGuard::guard`]).
 pub trait LeaseKind: ReturnKind<Error: From<InFlight>> {}
 
 impl<K: ReturnKind<Error: AcceptsInFlight>> LeaseKind for K {}

@@ -365,10 +365,23 @@ fn guarded_fn(
     // whatever part of the call rustc blames (the receiver, the call, the `.await`), the
     // error lands on `store = ...`, once (rustc drops implied errors at one span).
     let (first, last) = first_last(store);
-    let lease_arg = lease.map(|l| quote!(#l,));
+    let lease_arg = lease.as_ref().map(|l| quote!(#l,));
+    // Lease mode, sync fn: a `PhantomData` of the handler's error type, spanned at the
+    // return type, so an error type that cannot hold `InFlight` (a bound on the guard
+    // method's `E`, inferred from this argument alone) is reported there, not at the
+    // store. (An async guard's `impl Future` repeats its method's bounds, checked at the
+    // call: the async lease guard checks the error type with the store instead.)
+    let error_arg = match (&lease, &sig.output) {
+        (Some(_), ReturnType::Type(_, t)) if !is_async => {
+            let (rf, rl) = first_last(t);
+            let phantom = respan_range(quote!(::core::marker::PhantomData), rf, rl);
+            quote!(, #phantom)
+        }
+        _ => TokenStream::new(),
+    };
     let args_group = Group::new(
         Delimiter::Parenthesis,
-        quote!(#store_ref, #key_ident, #lease_arg #fp_arg #ttl, #body_arg),
+        quote!(#store_ref, #key_ident, #lease_arg #fp_arg #ttl, #body_arg #error_arg),
     );
     let mut args_group = args_group;
     args_group.set_span(last);
