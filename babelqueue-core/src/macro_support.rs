@@ -238,56 +238,6 @@ macro_rules! guard_trait {
     };
     (
         $(#[$meta:meta])*
-        $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
-        (lease), sync
-    ) => {
-        $(#[$meta])*
-        pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
-            /// `&Envelope` whose `meta.id` is the key). `error` is `PhantomData`, spanned
-            /// at the handler's return type: an error type `E` that cannot hold
-            /// [`InFlight`] is reported there.
-            fn guard<Q, F, E>(
-                &self,
-                key: Q,
-                lease: Duration,
-                ttl: Option<Duration>,
-                body: F,
-                error: PhantomData<E>,
-            ) -> K::Ret
-            where
-                Q: DedupeKey,
-                F: FnOnce() -> K::Ret,
-                K: ReturnKind<Error = E>,
-                E: AcceptsInFlight;
-        }
-
-        impl<S, K> $name<K> for S
-        where
-            S: $marker $(+ $extra)? + ?Sized,
-            K: $kind_bound,
-            S: $fits<K>,
-        {
-            fn guard<Q, F, E>(
-                &self,
-                key: Q,
-                lease: Duration,
-                ttl: Option<Duration>,
-                body: F,
-                _error: PhantomData<E>,
-            ) -> K::Ret
-            where
-                Q: DedupeKey,
-                F: FnOnce() -> K::Ret,
-                K: ReturnKind<Error = E>,
-                E: AcceptsInFlight,
-            {
-                K::from_guard($run(self, key, lease, ttl, body))
-            }
-        }
-    };
-    (
-        $(#[$meta:meta])*
         $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
         (), async
     ) => {
@@ -392,14 +342,56 @@ guard_trait! {
     AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, guard_async_ttl, (), async
 }
 
-guard_trait! {
-    /// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with a sync handler",
-        label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
-        note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
-    )]
-    SyncLeaseGuard, ReturnKind, ClaimStore + Sync, StoreFits, guard_lease, (lease), sync
+/// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler whose return type
+/// has the kind `K`, for a store `Self`. (Written out, not by `guard_trait!`, so that the
+/// note of an error about `E` points at this method's bound.)
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with a sync handler",
+    label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
+    note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
+)]
+pub trait SyncLeaseGuard<K: ReturnKind> {
+    /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+    /// `&Envelope` whose `meta.id` is the key). `error` is a `PhantomData` that the
+    /// expansion spans at the handler's return type: an error type `E` that cannot hold
+    /// [`InFlight`] is reported there.
+    fn guard<Q, F, E>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+        error: PhantomData<E>,
+    ) -> K::Ret
+    where
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        K: ReturnKind<Error = E>,
+        E: AcceptsInFlight;
+}
+
+impl<S, K> SyncLeaseGuard<K> for S
+where
+    S: ClaimStore + Sync + ?Sized,
+    K: ReturnKind,
+    S: StoreFits<K>,
+{
+    fn guard<Q, F, E>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+        _error: PhantomData<E>,
+    ) -> K::Ret
+    where
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        K: ReturnKind<Error = E>,
+        E: AcceptsInFlight,
+    {
+        K::from_guard(guard_lease(self, key, lease, ttl, body))
+    }
 }
 
 guard_trait! {
