@@ -610,18 +610,31 @@ pub struct GuardFuture<C: ReturnsType> {
 }
 
 /// `fut` as a [`GuardFuture`]; `names` is a closure returning `fut`'s type, never called
-/// (the expansion passes `|| unreachable!()`).
+/// (the expansion passes `|| never(())`: a closure, not the fn item `never`, whose
+/// type would name the future's type as a generic argument).
 ///
 /// ```
-/// use babelqueue_core::macro_support::guard_future;
+/// use babelqueue_core::macro_support::{guard_future, never};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let out = guard_future(async { 7 }, || unreachable!()).await;
+/// let out = guard_future(async { 7 }, || never(())).await;
 /// assert_eq!(out, 7);
 /// # });
 /// ```
 #[inline]
 pub fn guard_future<T, C: FnOnce() -> T>(fut: T, names: C) -> GuardFuture<C> {
     GuardFuture { fut, _names: names }
+}
+
+/// A value of any type, for a closure that only names a type and is never called (the
+/// one [`guard_future`] takes). Kept out of the expansion, so no lint on `panic!` or
+/// `unreachable!` in your crate (e.g. `clippy::unreachable`) sees one.
+///
+/// # Panics
+///
+/// Always: it is never meant to be called.
+#[inline]
+pub fn never<T>(_: ()) -> T {
+    unreachable!("babelqueue: a closure that only names a type was called")
 }
 
 impl<C: ReturnsType<Type: Future>> Future for GuardFuture<C> {
@@ -828,7 +841,7 @@ mod tests {
             let fut = AsyncGuard::<UnitKind>::guard(&store, GuardKey::from("c"), None, async {
                 runs += 1;
             });
-            guard_future(fut, || unreachable!()).await;
+            guard_future(fut, || never(())).await;
         }
         assert_eq!(runs, 1);
     }

@@ -407,14 +407,20 @@ fn guarded_fn(
     let call = if is_async {
         // Awaited through `guard_future`, all spanned at the store: the guard's future is
         // held by value, pinned in place (no box), in a type that names it only through
-        // a never-called closure `|| unreachable!()`, so the `.await` does not check the
+        // a never-called closure `|| never(())`, so the `.await` does not check the
         // guard's bounds again: a store that does not fit is reported once, at all of
         // `store = ...` (an `.await` on the guard's future itself, or `pin!`, would
         // repeat the error at the `await`, or at a desugared span). Being part of the
         // awaited expression, `store = ...`'s temporaries (e.g. `&*STORE`) live until the
         // guard's future completes.
         let wrap = respan_range(quote!(#private::guard_future), first, last);
-        let names = respan_range(quote!(|| ::core::unreachable!()), first, last);
+        // The closure's body `never(())`, a call of a generic fn, is itself typed with the
+        // guard's future: its path, too, runs from `first` to `last`.
+        let bars = respan(quote!(||), first);
+        let never = respan_range(quote!(#private::never), first, last);
+        let mut unit = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> ()));
+        unit.set_span(last);
+        let names = quote!(#bars #never #unit);
         let mut wrap_args = Group::new(Delimiter::Parenthesis, quote!(#call, #names));
         wrap_args.set_span(last);
         let await_ = quote_spanned!(last=> .await);
