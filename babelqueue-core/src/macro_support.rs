@@ -199,19 +199,20 @@ macro_rules! guard_trait {
     (
         $(#[$meta:meta])*
         $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
-        ($($lease:ident)?), sync
+        (), sync
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard.
-            fn guard<F>(
+            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, F>(
                 &self,
-                key: Option<String>,
-                $($lease: Duration,)?
+                key: Q,
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 F: FnOnce() -> K::Ret;
         }
 
@@ -221,36 +222,37 @@ macro_rules! guard_trait {
             K: $kind_bound,
             S: $fits<K>,
         {
-            fn guard<F>(
+            fn guard<Q, F>(
                 &self,
-                key: Option<String>,
-                $($lease: Duration,)?
+                key: Q,
                 ttl: Option<Duration>,
                 body: F,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 F: FnOnce() -> K::Ret,
             {
-                K::from_guard($run(self, key, $($lease,)? ttl, body))
+                K::from_guard($run(self, key, ttl, body))
             }
         }
     };
     (
         $(#[$meta:meta])*
         $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
-        ($($lease:ident)?), async
+        (), async
     ) => {
         $(#[$meta])*
         pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard.
-            fn guard<Fut>(
+            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, Fut>(
                 &self,
-                key: Option<String>,
-                $($lease: Duration,)?
+                key: Q,
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> impl Future<Output = K::Ret>
             where
+                Q: DedupeKey,
                 Fut: Future<Output = K::Ret>;
         }
 
@@ -260,17 +262,59 @@ macro_rules! guard_trait {
             K: $kind_bound,
             S: $fits<K>,
         {
-            async fn guard<Fut>(
+            async fn guard<Q, Fut>(
                 &self,
-                key: Option<String>,
-                $($lease: Duration,)?
+                key: Q,
                 ttl: Option<Duration>,
                 body: Fut,
             ) -> K::Ret
             where
+                Q: DedupeKey,
                 Fut: Future<Output = K::Ret>,
             {
-                K::from_guard($run(self, key, $($lease,)? ttl, body).await)
+                K::from_guard($run(self, key, ttl, body).await)
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
+        (lease), async
+    ) => {
+        $(#[$meta])*
+        pub trait $name<K: ReturnKind> {
+            /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+            /// `&Envelope` whose `meta.id` is the key).
+            fn guard<Q, Fut>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: Fut,
+            ) -> impl Future<Output = K::Ret>
+            where
+                Q: DedupeKey,
+                Fut: Future<Output = K::Ret>;
+        }
+
+        impl<S, K> $name<K> for S
+        where
+            S: $marker + ?Sized,
+            K: $kind_bound,
+            S: $fits<K>,
+        {
+            async fn guard<Q, Fut>(
+                &self,
+                key: Q,
+                lease: Duration,
+                ttl: Option<Duration>,
+                body: Fut,
+            ) -> K::Ret
+            where
+                Q: DedupeKey,
+                Fut: Future<Output = K::Ret>,
+            {
+                K::from_guard($run(self, key, lease, ttl, body).await)
             }
         }
     };
@@ -298,14 +342,56 @@ guard_trait! {
     AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, guard_async_ttl, (), async
 }
 
-guard_trait! {
-    /// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with a sync handler",
-        label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
-        note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
-    )]
-    SyncLeaseGuard, LeaseKind, ClaimStore + Sync, StoreFits, guard_lease, (lease), sync
+/// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler whose return type
+/// has the kind `K`, for a store `Self`. (Written out, not by `guard_trait!`, so that the
+/// note of an error about `E` points at this method's bound.)
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with a sync handler",
+    label = "this `store = ...` does not implement `babelqueue::LeaseStore`",
+    note = "lease mode needs a store with atomic claims (`LeaseStore` for a sync fn, `AsyncLeaseStore` for an `async fn`); remove `lease = ...` to use plain post-success dedupe"
+)]
+pub trait SyncLeaseGuard<K: ReturnKind> {
+    /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+    /// `&Envelope` whose `meta.id` is the key). `error` is a `PhantomData` that the
+    /// expansion spans at the handler's return type: an error type `E` that cannot hold
+    /// [`InFlight`] is reported there.
+    fn guard<Q, F, E>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+        error: PhantomData<E>,
+    ) -> K::Ret
+    where
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        K: ReturnKind<Error = E>,
+        E: AcceptsInFlight;
+}
+
+impl<S, K> SyncLeaseGuard<K> for S
+where
+    S: ClaimStore + Sync + ?Sized,
+    K: ReturnKind,
+    S: StoreFits<K>,
+{
+    fn guard<Q, F, E>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: F,
+        _error: PhantomData<E>,
+    ) -> K::Ret
+    where
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        K: ReturnKind<Error = E>,
+        E: AcceptsInFlight,
+    {
+        K::from_guard(guard_lease(self, key, lease, ttl, body))
+    }
 }
 
 guard_trait! {
@@ -318,7 +404,8 @@ guard_trait! {
     AsyncLeaseGuard, LeaseKind, AsyncClaimStore, AsyncStoreFits, guard_lease_async, (lease), async
 }
 
-/// A return kind whose error can hold [`InFlight`] (lease mode).
+/// A return kind whose error can hold [`InFlight`] (lease mode, `async fn`; a sync fn
+/// checks its error type at its return type instead, see [`SyncLeaseGuard::guard`]).
 pub trait LeaseKind: ReturnKind<Error: From<InFlight>> {}
 
 impl<K: ReturnKind<Error: AcceptsInFlight>> LeaseKind for K {}
@@ -341,15 +428,227 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
     note = "convert it to a string (e.g. `key = x.to_string()`), or give it a type of your own implementing `babelqueue::DedupeKey`"
 )]
 pub trait KeySource {
-    /// The key as an owned string (`None`: no usable key, fail open). The expansion
-    /// computes it before the handler's body takes its parameters.
+    /// The key as an owned string (`None`: no usable key, fail open).
     fn owned_key(&self) -> Option<String>;
+
+    /// The key as a [`GuardKey`] (`None`: no usable key, fail open): kept inline, with
+    /// no heap allocation, when it is at most [`GuardKey::INLINE`] bytes long (a UUID
+    /// `meta.id` is 36). The expansion computes it before the handler's body takes its
+    /// parameters.
+    fn guard_key(&self) -> Option<GuardKey>;
 }
 
 #[diagnostic::do_not_recommend]
 impl<T: DedupeKey + ?Sized> KeySource for T {
     fn owned_key(&self) -> Option<String> {
         self.dedupe_key().map(Cow::into_owned)
+    }
+
+    #[inline]
+    fn guard_key(&self) -> Option<GuardKey> {
+        self.dedupe_key().map(GuardKey::from)
+    }
+}
+
+/// A dedupe key owned by one guarded call: up to [`GuardKey::INLINE`] bytes are kept
+/// inline (no heap allocation), a longer key in a `String`. Dereferences to `str`.
+///
+/// ```
+/// use babelqueue_core::macro_support::GuardKey;
+///
+/// let id = GuardKey::from("0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
+/// assert_eq!(&*id, "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
+/// assert!(id.is_inline());
+/// let long = GuardKey::from("x".repeat(100).as_str());
+/// assert_eq!(long.len(), 100);
+/// assert!(!long.is_inline());
+/// ```
+#[derive(Clone)]
+pub struct GuardKey(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
+    /// Invariant: `buf[..len]` is valid UTF-8 (copied from a `str`), `len <= INLINE`.
+    Inline {
+        len: u8,
+        buf: [u8; GuardKey::INLINE],
+    },
+    Heap(String),
+}
+
+impl GuardKey {
+    /// The longest key kept inline, in bytes.
+    pub const INLINE: usize = 62;
+
+    /// `namespace#key`, inline when it fits (the stored form of a namespaced key).
+    fn scoped(namespace: &str, key: &str) -> GuardKey {
+        let len = namespace.len() + 1 + key.len();
+        if len <= Self::INLINE {
+            let mut buf = [0u8; Self::INLINE];
+            buf[..namespace.len()].copy_from_slice(namespace.as_bytes());
+            buf[namespace.len()] = crate::namespace::SEPARATOR as u8;
+            buf[namespace.len() + 1..len].copy_from_slice(key.as_bytes());
+            // `len <= INLINE <= u8::MAX`.
+            GuardKey(KeyRepr::Inline {
+                len: len as u8,
+                buf,
+            })
+        } else {
+            let mut out = String::with_capacity(len);
+            out.push_str(namespace);
+            out.push(crate::namespace::SEPARATOR);
+            out.push_str(key);
+            GuardKey(KeyRepr::Heap(out))
+        }
+    }
+
+    /// The key.
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            KeyRepr::Inline { len, buf } => {
+                let bytes = &buf[..usize::from(*len)];
+                // SAFETY: `buf[..len]` was copied from a `str` whole (or from two `str`s
+                // around an ASCII separator), so it is valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(bytes) }
+            }
+            KeyRepr::Heap(s) => s,
+        }
+    }
+
+    /// Whether the key is kept inline (no heap allocation).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, KeyRepr::Inline { .. })
+    }
+}
+
+impl From<&str> for GuardKey {
+    #[inline]
+    fn from(s: &str) -> GuardKey {
+        if s.len() <= Self::INLINE {
+            let mut buf = [0u8; Self::INLINE];
+            buf[..s.len()].copy_from_slice(s.as_bytes());
+            // `s.len() <= INLINE <= u8::MAX`.
+            GuardKey(KeyRepr::Inline {
+                len: s.len() as u8,
+                buf,
+            })
+        } else {
+            GuardKey(KeyRepr::Heap(s.to_owned()))
+        }
+    }
+}
+
+impl From<String> for GuardKey {
+    /// Keeps the string's own allocation (already made).
+    fn from(s: String) -> GuardKey {
+        GuardKey(KeyRepr::Heap(s))
+    }
+}
+
+impl From<Cow<'_, str>> for GuardKey {
+    #[inline]
+    fn from(s: Cow<'_, str>) -> GuardKey {
+        match s {
+            Cow::Borrowed(s) => GuardKey::from(s),
+            Cow::Owned(s) => GuardKey::from(s),
+        }
+    }
+}
+
+impl std::ops::Deref for GuardKey {
+    type Target = str;
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for GuardKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl DedupeKey for GuardKey {
+    #[inline]
+    fn dedupe_key(&self) -> Option<Cow<'_, str>> {
+        self.as_str().dedupe_key()
+    }
+}
+
+/// A key of a custom `key = ...` stored as `<namespace>#<key>` (see
+/// [`scoped_key`](crate::namespace::scoped_key)), as a [`GuardKey`].
+#[inline]
+pub fn scoped_guard_key(namespace: &str, key: Option<GuardKey>) -> Option<GuardKey> {
+    key.map(|key| GuardKey::scoped(namespace, &key))
+}
+
+/// The type a closure returns: [`GuardFuture`] names the future it holds as
+/// `<C as ReturnsType>::Type` of a closure `C` that is never called.
+pub trait ReturnsType {
+    /// What the closure returns.
+    type Type;
+}
+
+impl<C: FnOnce() -> T, T> ReturnsType for C {
+    type Type = T;
+}
+
+/// An async guard's future, held by value and pinned in place (no heap allocation): what
+/// the `#[idempotent]` expansion of an `async fn` awaits (see [`guard_future`]).
+///
+/// Its type names the guard's future only through a closure type `C`, and rustc does not
+/// check a closure's signature where the closure's type is used. So when `store = ...`
+/// does not fit the guard, the `.await` on a `GuardFuture` does not report the mismatch a
+/// second time at the `await` (as it would on the guard's future itself, or on any type
+/// naming it): the one error is the guard call's, at the user's `store = ...`.
+pub struct GuardFuture<C: ReturnsType> {
+    /// Structurally pinned: never moved out, no `Drop` impl.
+    fut: C::Type,
+    _names: C,
+}
+
+/// `fut` as a [`GuardFuture`]; `names` is a closure returning `fut`'s type, never called
+/// (the expansion passes `|| never(())`: a closure, not the fn item `never`, whose
+/// type would name the future's type as a generic argument).
+///
+/// ```
+/// use babelqueue_core::macro_support::{guard_future, never};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let out = guard_future(async { 7 }, || never(())).await;
+/// assert_eq!(out, 7);
+/// # });
+/// ```
+#[inline]
+pub fn guard_future<T, C: FnOnce() -> T>(fut: T, names: C) -> GuardFuture<C> {
+    GuardFuture { fut, _names: names }
+}
+
+/// A value of any type, for a closure that only names a type and is never called (the
+/// one [`guard_future`] takes). Kept out of the expansion, so no lint on `panic!` or
+/// `unreachable!` in your crate (e.g. `clippy::unreachable`) sees one.
+///
+/// # Panics
+///
+/// Always: it is never meant to be called.
+#[inline]
+pub fn never<T>(_: ()) -> T {
+    unreachable!("babelqueue: a closure that only names a type was called")
+}
+
+impl<C: ReturnsType<Type: Future>> Future for GuardFuture<C> {
+    type Output = <C::Type as Future>::Output;
+
+    #[inline]
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        // SAFETY: `fut` is structurally pinned: nothing moves it out of a pinned
+        // `GuardFuture` (no method gives it out, there is no `Drop` impl), and
+        // `GuardFuture` is `Unpin` only when `fut` is.
+        unsafe { self.map_unchecked_mut(|this| &mut this.fut) }.poll(cx)
     }
 }
 
@@ -452,13 +751,15 @@ mod tests {
     fn unit_and_result_returns_map_back() {
         let store = InMemoryStore::new();
         let mut runs = 0;
-        SyncGuard::<UnitKind>::guard(&store, Some("a".into()), None, || runs += 1);
-        SyncGuard::<UnitKind>::guard(&store, Some("a".into()), None, || runs += 1);
+        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
+        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
         assert_eq!(runs, 1);
-        let r =
-            SyncGuard::<ResultKind<std::io::Error>>::guard(&store, Some("b".into()), None, || {
-                Err(std::io::Error::other("boom"))
-            });
+        let r = SyncGuard::<ResultKind<std::io::Error>>::guard(
+            &store,
+            GuardKey::from("b"),
+            None,
+            || Err(std::io::Error::other("boom")),
+        );
         assert!(r.is_err());
         assert!(!Store::seen(&store, "b").unwrap());
     }
@@ -473,7 +774,7 @@ mod tests {
         for _ in 0..2 {
             let fut = AsyncGuard::<ResultKind<std::io::Error>>::guard(
                 &store,
-                Some("a".into()),
+                GuardKey::from("a"),
                 None,
                 async { Ok(()) },
             );
@@ -482,6 +783,67 @@ mod tests {
         }
         assert_eq!(runs, 2);
         assert!(AsyncStore::seen(&store, "a").await.unwrap());
+    }
+
+    #[test]
+    fn guard_key_is_inline_up_to_its_limit_and_equal_to_the_owned_key() {
+        let uuid = "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77";
+        let key = KeySource::guard_key(uuid).unwrap();
+        assert!(key.is_inline());
+        assert_eq!(&*key, uuid);
+        for len in [
+            1,
+            GuardKey::INLINE - 1,
+            GuardKey::INLINE,
+            GuardKey::INLINE + 1,
+            600,
+        ] {
+            let s = "k".repeat(len);
+            let key = KeySource::guard_key(s.as_str()).unwrap();
+            assert_eq!(key.is_inline(), len <= GuardKey::INLINE, "len {len}");
+            assert_eq!(key.as_str(), s);
+            assert_eq!(key.dedupe_key().as_deref(), Some(s.as_str()));
+        }
+        // Multi-byte UTF-8, and keys a `DedupeKey` gives owned (an integer).
+        let key = KeySource::guard_key("zahlung-ä-€-🦀").unwrap();
+        assert_eq!(&*key, "zahlung-ä-€-🦀");
+        assert_eq!(KeySource::guard_key(&42u64).as_deref(), Some("42"));
+        assert!(KeySource::guard_key("").is_none());
+        assert!(KeySource::guard_key(&None::<&str>).is_none());
+    }
+
+    #[test]
+    fn scoped_guard_key_matches_scoped_key() {
+        use crate::namespace::scoped_key;
+        for (ns, key) in [
+            ("urn:babel:payments:charge", "pay_00000001"),
+            ("billing", "é€🦀"),
+            (
+                "urn:babel:payments:charge",
+                "a-key-long-enough-to-spill-over-the-inline-buffer",
+            ),
+            ("n", ""),
+        ] {
+            let want = scoped_key(ns, KeySource::owned_key(key));
+            let got = scoped_guard_key(ns, KeySource::guard_key(key));
+            assert_eq!(got.as_deref(), want.as_deref(), "{ns} {key}");
+            if let Some(got) = got {
+                assert_eq!(got.is_inline(), got.len() <= GuardKey::INLINE);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn guard_future_polls_the_future_it_holds() {
+        let store = InMemoryStore::new();
+        let mut runs = 0;
+        for _ in 0..2 {
+            let fut = AsyncGuard::<UnitKind>::guard(&store, GuardKey::from("c"), None, async {
+                runs += 1;
+            });
+            guard_future(fut, || never(())).await;
+        }
+        assert_eq!(runs, 1);
     }
 
     #[test]

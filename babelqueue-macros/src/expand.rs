@@ -247,19 +247,37 @@ fn guarded_fn(
     };
     let mut key_args = Group::new(Delimiter::Parenthesis, key_source);
     key_args.set_span(key_last);
-    let key_path = respan_range(quote!(#private::KeySource::owned_key), key_first, key_last);
+    // `guard_ext`'s guards (fingerprint, transactional) take an owned `String`; the others
+    // a `GuardKey`, inline up to 62 bytes (no heap allocation for a UUID `meta.id`).
+    let by_return_type = args.fingerprint.is_some() || args.transactional.is_some();
+    let (key_fn, scoped_fn) = if by_return_type {
+        (quote!(owned_key), quote!(scoped_key))
+    } else {
+        (quote!(guard_key), quote!(scoped_guard_key))
+    };
+    let key_path = respan_range(quote!(#private::KeySource::#key_fn), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
+    // The `meta.id` of an `env: &Envelope` parameter is keyed on through (a copy of) the
+    // reference, as a hand-written `guard_async(&STORE, env, ...)` does: the body cannot
+    // move or change the envelope behind it, so the key need not be copied out first.
+    let key_call = match (&args.key, &shape.env) {
+        (None, Some(env)) if env.by == EnvRef::Shared && !by_return_type => {
+            let ident = &env.ident;
+            quote_spanned!(key_first=> #ident)
+        }
+        _ => key_call,
+    };
     // A custom key is stored as `<namespace>#<key>`: by default the handler's URN (the
     // envelope's `job`), or the checked literal of `namespace = "..."`; `namespace = none`
     // keeps it bare. `meta.id` stays bare.
     let key_call = match (&args.key, &args.namespace, &shape.env) {
         (Some(_), Some((attr::NamespaceArg::Explicit(lit), _)), _) => {
-            quote!(#private::scoped_key(#lit, #key_call))
+            quote!(#private::#scoped_fn(#lit, #key_call))
         }
         (Some(_), Some((attr::NamespaceArg::None, _)), _) | (None, _, _) => key_call,
         (Some(_), None, Some(env)) => {
             let ident = &env.ident;
-            quote!(#private::scoped_key(&#ident.job, #key_call))
+            quote!(#private::#scoped_fn(&#ident.job, #key_call))
         }
         // Unreachable: validation requires an envelope for a namespaced key.
         (Some(_), None, None) => key_call,
@@ -296,12 +314,6 @@ fn guarded_fn(
     let is_async = sig.asyncness.is_some();
     // Generated locals are mixed-site: no user identifier can meet them.
     let key_ident = Ident::new("__babelqueue_key", Span::mixed_site());
-    // The await glue's two bindings are in scopes that hold no user token (the guard's
-    // future, already built, and the poll closure), so no user identifier can meet them;
-    // they keep the call-site context of the rest of the call, which lets rustc report
-    // a store that does not fit once (it merges errors at one span *and* context).
-    let guard_ident = Ident::new("__bq_glue_guard", Span::call_site());
-    let cx_ident = Ident::new("__bq_glue_cx", Span::call_site());
     let (trait_name, lease) = match (is_async, &args.lease) {
         (false, None) => (quote!(SyncGuard), None),
         (true, None) => (quote!(AsyncGuard), None),
@@ -321,7 +333,6 @@ fn guarded_fn(
         (false, true, true) => (quote!(SyncTxGuard), quote!(guard_fingerprint)),
         (true, true, true) => (quote!(AsyncTxGuard), quote!(guard_fingerprint)),
     };
-    let by_return_type = fingerprint || tx.is_some();
     let fp_arg = fingerprint.then(|| quote!(#fp_ident,));
     // The body runs in a closure, so `return` and `?` keep their meaning. For an async fn
     // it is an async closure called at once: unlike an `async move` block, it captures
@@ -354,10 +365,23 @@ fn guarded_fn(
     // whatever part of the call rustc blames (the receiver, the call, the `.await`), the
     // error lands on `store = ...`, once (rustc drops implied errors at one span).
     let (first, last) = first_last(store);
-    let lease_arg = lease.map(|l| quote!(#l,));
+    let lease_arg = lease.as_ref().map(|l| quote!(#l,));
+    // Lease mode, sync fn: a `PhantomData` of the handler's error type, spanned at the
+    // return type, so an error type that cannot hold `InFlight` (a bound on the guard
+    // method's `E`, inferred from this argument alone) is reported there, not at the
+    // store. (An async guard's `impl Future` repeats its method's bounds, checked at the
+    // call: the async lease guard checks the error type with the store instead.)
+    let error_arg = match (&lease, &sig.output) {
+        (Some(_), ReturnType::Type(_, t)) if !is_async => {
+            let (rf, rl) = first_last(t);
+            let phantom = respan_range(quote!(::core::marker::PhantomData), rf, rl);
+            quote!(, #phantom)
+        }
+        _ => TokenStream::new(),
+    };
     let args_group = Group::new(
         Delimiter::Parenthesis,
-        quote!(#store_ref, #key_ident, #lease_arg #fp_arg #ttl, #body_arg),
+        quote!(#store_ref, #key_ident, #lease_arg #fp_arg #ttl, #body_arg #error_arg),
     );
     let mut args_group = args_group;
     args_group.set_span(last);
@@ -381,53 +405,32 @@ fn guarded_fn(
     let path = quote!(#path #kind #path_end);
     let call = quote!(#path #args_group);
     let call = if is_async {
-        // Awaited through `poll_fn`, all spanned at the store: the guard's future is
-        // boxed and polled in a closure whose obligations carry the store's span, so a
-        // store that does not fit is reported once. (An `.await` on the guard's future,
-        // or `pin!`, would repeat the error at a desugared span rustc does not merge with
-        // the first.) The box keeps the future's `Send`-ness: it is not a `dyn`.
-        // A `match` keeps the temporaries of `store = ...` (e.g. `&*STORE`) alive until the
+        // Awaited through `guard_future`, all spanned at the store: the guard's future is
+        // held by value, pinned in place (no box), in a type that names it only through
+        // a never-called closure `|| never(())`, so the `.await` does not check the
+        // guard's bounds again: a store that does not fit is reported once, at all of
+        // `store = ...` (an `.await` on the guard's future itself, or `pin!`, would
+        // repeat the error at the `await`, or at a desugared span). Being part of the
+        // awaited expression, `store = ...`'s temporaries (e.g. `&*STORE`) live until the
         // guard's future completes.
-        let mut pinned = Group::new(Delimiter::Parenthesis, call);
-        pinned.set_span(last);
-        let pin = respan_range(quote!(::std::boxed::Box::pin), first, last);
-        // Every sub-expression runs from a token at `first` to one at `last`, so an
-        // obligation rustc blames on any of them is reported at all of `store = ...`.
-        let as_mut = respan_range(quote!(::core::pin::Pin::as_mut), first, last);
-        let amp = respan(quote!(&mut), first);
-        let guard_last = respan(quote!(#guard_ident), last);
-        let mut as_mut_args = Group::new(Delimiter::Parenthesis, quote!(#amp #guard_last));
-        as_mut_args.set_span(last);
-        let cx_last = respan(quote!(#cx_ident), last);
-        let poll_path = respan_range(quote!(::core::future::Future::poll), first, last);
-        let mut poll_args = Group::new(
-            Delimiter::Parenthesis,
-            quote!(#as_mut #as_mut_args, #cx_last),
-        );
-        poll_args.set_span(last);
-        let mut inner = Group::new(Delimiter::Brace, quote!(#poll_path #poll_args));
-        inner.set_span(last);
-        let closure = respan(quote!(move |#cx_ident|), first);
-        let mut closure = Group::new(Delimiter::Parenthesis, quote!(#closure #inner));
-        closure.set_span(last);
-        let poll_fn = respan_range(quote!(::core::future::poll_fn), first, last);
-        let poll = quote!(#poll_fn #closure);
+        let wrap = respan_range(quote!(#private::guard_future), first, last);
+        // The closure's body `never(())`, a call of a generic fn, is itself typed with the
+        // guard's future: its path, too, runs from `first` to `last`.
+        let bars = respan(quote!(||), first);
+        let never = respan_range(quote!(#private::never), first, last);
+        let mut unit = Group::new(Delimiter::Parenthesis, quote_spanned!(last=> ()));
+        unit.set_span(last);
+        let names = quote!(#bars #never #unit);
+        let mut wrap_args = Group::new(Delimiter::Parenthesis, quote!(#call, #names));
+        wrap_args.set_span(last);
         let await_ = quote_spanned!(last=> .await);
-        let mut_kw = respan(quote!(mut), first);
-        let guard_pat = respan(quote!(#guard_ident), last);
-        // The `match` itself keeps the macro's span: it is glue, and lints about a
-        // `match` in tail position must not point at `store = ...`.
-        let arms = Group::new(
-            Delimiter::Brace,
-            quote!(#mut_kw #guard_pat => #poll #await_),
-        );
-        quote!(match #pin #pinned #arms)
+        quote!(#wrap #wrap_args #await_)
     } else {
         call
     };
     // A `()` sync body ends with a statement, so lints such as
     // `semicolon_if_nothing_returned` stay quiet on the expansion (the async one ends
-    // with a `match`, which needs none).
+    // with the awaited guard, as an `async fn` returning `()` written by hand would).
     let call = match &shape.ret {
         Return::Unit if !is_async => {
             let semi = quote_spanned!(last=> ;);

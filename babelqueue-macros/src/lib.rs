@@ -74,8 +74,9 @@ use proc_macro::TokenStream;
 /// The fn keeps its attributes, visibility, generics, where-clause, receiver and
 /// signature exactly as written; only its body is replaced. In plain words, the new body:
 ///
-/// 1. computes the key first, as an owned string: `key = ...` if given, else the `meta.id`
-///    of the fn's `Envelope` / `&Envelope` parameter;
+/// 1. computes the key first, as an owned value (kept inline up to 62 bytes, so a UUID
+///    `meta.id` costs no heap allocation): `key = ...` if given, else the `meta.id` of the
+///    fn's `Envelope` / `&Envelope` parameter;
 /// 2. hands the store, the key, the `ttl` and your original body (wrapped in a closure,
 ///    or an async closure for an `async fn`, so `return` and `?` mean what they meant) to
 ///    the guard of `babelqueue-core` ([`guard_ttl`] / [`guard_async_ttl`], or
@@ -88,7 +89,7 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// fn charge(env: &Envelope) -> Result<(), ChargeError> {
-///     let key = KeySource::owned_key(&*env);                  // env.meta.id
+///     let key = KeySource::guard_key(&*env);                  // env.meta.id
 ///     SyncGuard::<<Result<(), ChargeError> as IdempotentReturn>::Kind>::guard(
 ///         &STORE, key, None,
 ///         || -> Result<(), ChargeError> {
