@@ -92,6 +92,7 @@ thread_local! {
 }
 
 /// Whether a sync handler capture ([`capture_outcome_sync`]) is active on this thread.
+#[inline]
 pub(crate) fn capturing_sync() -> bool {
     CAPTURE_DEPTH.with(Cell::get) > 0
 }

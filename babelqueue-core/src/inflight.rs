@@ -110,13 +110,10 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
             .get(key)
             .is_some_and(|n| Arc::ptr_eq(n, &notify));
         if still_held {
-            let probe = current();
-            if let Some(p) = &probe {
-                p.enter(Phase::Waiting);
-            }
+            let probed = with_current(|p| p.enter(Phase::Waiting)).is_some();
             notified.await;
-            if let Some(p) = &probe {
-                p.leave();
+            if probed {
+                with_current(StoreProbe::leave);
             }
         }
     }
@@ -127,7 +124,7 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
 /// directly (a test, a handler called by hand), which keeps its plain store semantics
 /// (e.g. lease mode answering `InFlight` to a concurrent call).
 pub(crate) async fn consumer_turn(key: &str) -> Option<KeyTurn> {
-    current()?;
+    with_current(|_| ())?;
     Some(turn_async(key).await)
 }
 
@@ -317,8 +314,10 @@ pub(crate) async fn with_probe<F: Future>(probe: Arc<StoreProbe>, fut: F) -> F::
     PROBE.scope(probe, fut).await
 }
 
-fn current() -> Option<Arc<StoreProbe>> {
-    PROBE.try_with(Arc::clone).ok()
+/// `f` on the current delivery's probe (`None` outside a runtime delivery), without
+/// cloning the `Arc`: the guard asks several times per call.
+fn with_current<T>(f: impl FnOnce(&StoreProbe) -> T) -> Option<T> {
+    PROBE.try_with(|p| f(p)).ok()
 }
 
 /// Moves a sync guard's markers for `key` (recorded on the blocking pool) into `probe`.
@@ -339,15 +338,16 @@ pub(crate) fn take_sync_marks(key: &str, probe: &StoreProbe) {
 }
 
 fn mark(key: &str, bit: u8) {
-    match current() {
-        Some(p) => {
-            let flag = if bit == SYNC_STORE_FAILED {
-                &p.store_failed
-            } else {
-                &p.in_flight
-            };
-            flag.store(true, Ordering::SeqCst);
-        }
+    let marked = with_current(|p| {
+        let flag = if bit == SYNC_STORE_FAILED {
+            &p.store_failed
+        } else {
+            &p.in_flight
+        };
+        flag.store(true, Ordering::SeqCst);
+    });
+    match marked {
+        Some(()) => {}
         None if crate::guard::capturing_sync() => {
             let mut map = SYNC_MARKS.lock().unwrap_or_else(PoisonError::into_inner);
             let bits = map.entry(key.to_owned()).or_insert_with(|| {
@@ -368,23 +368,28 @@ pub(crate) fn defer_remember(
     turn: Option<KeyTurn>,
     offer: impl FnOnce(&str) -> Option<PipelinedWrite>,
 ) -> Result<(), Option<KeyTurn>> {
-    let Some(probe) = current() else {
-        return Err(turn);
-    };
-    let Some(server) = probe.pipeline_server.as_deref() else {
-        return Err(turn);
-    };
-    match offer(server) {
-        Some(write) if write.server() == server => {
-            let mut d = probe
-                .deferred
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            d.writes.push(write);
-            d.turns.extend(turn);
-            Ok(())
+    let mut turn = turn;
+    let handed = with_current(|probe| {
+        let Some(server) = probe.pipeline_server.as_deref() else {
+            return false;
+        };
+        match offer(server) {
+            Some(write) if write.server() == server => {
+                let mut d = probe
+                    .deferred
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                d.writes.push(write);
+                d.turns.extend(turn.take());
+                true
+            }
+            _ => false,
         }
-        _ => Err(turn),
+    });
+    if handed == Some(true) {
+        Ok(())
+    } else {
+        Err(turn)
     }
 }
 
@@ -395,13 +400,13 @@ pub(crate) fn in_flight_elsewhere(key: &str) {
 
 /// Called by the guard when its handler body is about to run.
 pub(crate) fn handler_runs() {
-    if let Some(p) = current() {
+    with_current(|p| {
         p.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .handler_started = Some(Instant::now());
         p.changed.notify_one();
-    }
+    });
 }
 
 /// Runs the guard's store call before the handler (`seen` / `claim`): phase marked for
@@ -410,13 +415,10 @@ pub(crate) async fn store_before<T, E, F>(key: &str, fut: F) -> Result<T, E>
 where
     F: Future<Output = Result<T, E>>,
 {
-    let probe = current();
-    if let Some(p) = &probe {
-        p.enter(Phase::StoreBefore);
-    }
+    let probed = with_current(|p| p.enter(Phase::StoreBefore)).is_some();
     let out = fut.await;
-    if let Some(p) = &probe {
-        p.leave();
+    if probed {
+        with_current(StoreProbe::leave);
     }
     if out.is_err() {
         mark(key, SYNC_STORE_FAILED);
@@ -437,13 +439,10 @@ pub(crate) fn store_before_sync<T, E>(key: &str, f: impl FnOnce() -> Result<T, E
 /// the phase marked (a hang there is cut by the runtime and the delivery acked: the
 /// handler succeeded).
 pub(crate) async fn store_after<T, F: Future<Output = T>>(fut: F) -> T {
-    let probe = current();
-    if let Some(p) = &probe {
-        p.enter(Phase::StoreAfter);
-    }
+    let probed = with_current(|p| p.enter(Phase::StoreAfter)).is_some();
     let out = fut.await;
-    if let Some(p) = &probe {
-        p.leave();
+    if probed {
+        with_current(StoreProbe::leave);
     }
     out
 }

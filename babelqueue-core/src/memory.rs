@@ -218,28 +218,53 @@ impl KeyRef<'_> {
 }
 
 /// The 16 bytes of `id` if it is a UUID in the canonical form (36 characters, lowercase
-/// hex digits, hyphens at 8, 13, 18 and 23), in one pass.
+/// hex digits, hyphens at 8, 13, 18 and 23): the 32 digits are checked and decoded eight
+/// at a time, in a `u64` each (`hex8`), without a branch per digit.
 fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    if id.len() != 36 || id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
+    let id: &[u8; 36] = id.try_into().ok()?;
+    if id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
         return None;
     }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&id[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    // The digits in eight-digit words: 0..8, 9..13 + 14..18, 19..23 + 24..28, 28..36.
+    let mid1 = (word(9) & 0xFFFF_FFFF) | (word(14) << 32);
+    let mid2 = (word(19) & 0xFFFF_FFFF) | (word(24) << 32);
+    let (a, b, c, d) = (hex8(word(0)), hex8(mid1), hex8(mid2), hex8(word(28)));
+    let (a, b, c, d) = (a?, b?, c?, d?);
     let mut out = [0u8; 16];
-    let mut i = 0;
-    for byte in &mut out {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            i += 1;
-        }
-        *byte = (nibble(id[i])? << 4) | nibble(id[i + 1])?;
-        i += 2;
-    }
+    out[0..4].copy_from_slice(&a.to_le_bytes());
+    out[4..8].copy_from_slice(&b.to_le_bytes());
+    out[8..12].copy_from_slice(&c.to_le_bytes());
+    out[12..16].copy_from_slice(&d.to_le_bytes());
     Some(out)
+}
+
+/// Eight lowercase hex digits, the first in the lowest byte of `x`, as the four bytes they
+/// spell (the first in the lowest byte); `None` if any byte is not `0-9` or `a-f`.
+///
+/// Each byte `c` is decoded as `(c & 0xf) + 9 * bit6(c)` (exact for `0-9` and `a-f`), then
+/// checked by spelling the value back: a byte is a digit exactly when its value is below
+/// 16 and spells `c` again. No step carries into the next byte (values stay below 25).
+fn hex8(x: u64) -> Option<u32> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let letters = (x >> 6) & ONES;
+    let values = (x & (ONES * 0x0F)) + letters * 9;
+    let over_nine = ((values + ONES * (0x80 - 10)) >> 7) & ONES;
+    let spelled = values + ONES * u64::from(b'0') + over_nine * u64::from(b'a' - b'0' - 10);
+    let over_fifteen = (values + ONES * (0x80 - 16)) & (ONES * 0x80);
+    if spelled != x || over_fifteen != 0 {
+        return None;
+    }
+    // Each 16-bit lane: (first digit << 4) | second digit, in its low byte; then the four
+    // low bytes side by side.
+    const LOW_BYTES: u64 = 0x00FF_00FF_00FF_00FF;
+    let pairs = ((values << 4) + (values >> 8)) & LOW_BYTES;
+    let packed = (pairs | (pairs >> 8)) & 0x0000_FFFF_0000_FFFF;
+    Some(((packed | (packed >> 16)) & 0xFFFF_FFFF) as u32)
 }
 
 #[derive(Debug)]
@@ -304,11 +329,17 @@ impl Shard {
 
     /// Whether `key` is live at `now`; drops it when expired.
     fn seen(&mut self, hash: u64, key: KeyRef<'_>, now: u64) -> bool {
+        self.seen_at(hash, key, || now)
+    }
+
+    /// [`seen`](Self::seen), reading the clock (`now`) only for an entry that may have
+    /// expired: a key that is not there, or never expires, needs no time.
+    fn seen_at(&mut self, hash: u64, key: KeyRef<'_>, now: impl FnOnce() -> u64) -> bool {
         let Some(seq) = self.find(hash, key) else {
             return false;
         };
         let expires = self.entry(seq).expires;
-        if expires == NEVER || now < expires {
+        if expires == NEVER || now() < expires {
             return true;
         }
         self.entry(seq).expires = DEAD;
@@ -490,10 +521,12 @@ impl InMemoryStore {
             return false;
         };
         let hash = key.hash_with(&self.hasher);
-        let now = self.now();
+        // The clock is read under the shard's lock, and only when an entry was found:
+        // a first delivery's `seen` reads no time.
         let mut shard = self.shard(hash);
-        shard.seen(hash, key, now)
-            || (!shard.inflight.is_empty() && shard.inflight.get(id).is_some_and(|(_, d)| now < *d))
+        shard.seen_at(hash, key, || self.now())
+            || (!shard.inflight.is_empty()
+                && shard.inflight.get(id).is_some_and(|(_, d)| self.now() < *d))
     }
 
     fn insert_fingerprint(&self, id: &str, fp: &Fingerprint, ttl: Option<Duration>) {
@@ -808,6 +841,63 @@ mod tests {
             "-1e2d3c4-b5a6-4789-90ab-cdef01234567",
         ] {
             assert_eq!(canonical_uuid(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    /// The digit-at-a-time parser `canonical_uuid` replaced, as the reference.
+    fn canonical_uuid_reference(id: &[u8]) -> Option<[u8; 16]> {
+        fn nibble(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        if id.len() != 36 || [8, 13, 18, 23].iter().any(|&i| id[i] != b'-') {
+            return None;
+        }
+        let digits: Vec<u8> = id.iter().copied().filter(|&c| c != b'-').collect();
+        if digits.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = (nibble(digits[2 * i])? << 4) | nibble(digits[2 * i + 1])?;
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn canonical_uuid_agrees_with_the_reference_on_every_one_byte_change() {
+        // Every byte value at every position of a few UUIDs (including the hyphens'
+        // positions): the word-at-a-time checks must reject and decode exactly as the
+        // digit-at-a-time reference does.
+        let ids = [
+            "00000000-0000-0000-0000-000000000000".to_owned(),
+            "ffffffff-ffff-ffff-ffff-ffffffffffff".to_owned(),
+            "0123abcd-4567-89ef-a0b1-c2d3e4f56789".to_owned(),
+            uuid::Uuid::new_v4().to_string(),
+        ];
+        for id in &ids {
+            assert_eq!(
+                canonical_uuid(id.as_bytes()),
+                canonical_uuid_reference(id.as_bytes())
+            );
+            assert!(canonical_uuid(id.as_bytes()).is_some(), "{id}");
+            for at in 0..36 {
+                for b in 0..=255u8 {
+                    let mut bytes = id.clone().into_bytes();
+                    bytes[at] = b;
+                    assert_eq!(
+                        canonical_uuid(&bytes),
+                        canonical_uuid_reference(&bytes),
+                        "{id} with byte {b:#04x} at {at}"
+                    );
+                }
+            }
+        }
+        for len in [0, 35, 37] {
+            assert_eq!(canonical_uuid(&vec![b'0'; len]), None);
         }
     }
 
