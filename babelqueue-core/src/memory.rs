@@ -1,5 +1,6 @@
 //! [`InMemoryStore`]: a process-local, bounded, sharded seen-set.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
@@ -497,7 +498,7 @@ impl InMemoryStore {
     }
 
     fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
-        let Some(key) = storable_key(id) else {
+        let Some(key) = storable_key_to_remember(id) else {
             return false;
         };
         let hash = key.hash_with(&self.hasher);
@@ -524,9 +525,14 @@ impl InMemoryStore {
         // The clock is read under the shard's lock, and only when an entry was found:
         // a first delivery's `seen` reads no time.
         let mut shard = self.shard(hash);
-        shard.seen_at(hash, key, || self.now())
+        let seen = shard.seen_at(hash, key, || self.now())
             || (!shard.inflight.is_empty()
-                && shard.inflight.get(id).is_some_and(|(_, d)| self.now() < *d))
+                && shard.inflight.get(id).is_some_and(|(_, d)| self.now() < *d));
+        drop(shard);
+        if !seen {
+            note_unseen(id, key);
+        }
+        seen
     }
 
     fn insert_fingerprint(&self, id: &str, fp: &Fingerprint, ttl: Option<Duration>) {
@@ -663,6 +669,33 @@ fn storable_key(id: &str) -> Option<KeyRef<'_>> {
         key @ KeyRef::Uuid(_) => Some(key),
         key @ KeyRef::Text(_) => storable(id).then_some(key),
     }
+}
+
+thread_local! {
+    /// The last canonical UUID id a `seen` of this thread did not find, with its 16 bytes:
+    /// the guard's `remember` of a first delivery follows with the same id, and finds it
+    /// here instead of decoding it again. (A pure function's last result, keyed by its
+    /// whole input: it cannot be stale.)
+    static LAST_UNSEEN_UUID: Cell<Option<([u8; 36], [u8; 16])>> = const { Cell::new(None) };
+}
+
+/// Notes that `seen` did not find `key` (spelled `id`), for [`storable_key_to_remember`].
+fn note_unseen(id: &str, key: KeyRef<'_>) {
+    if let (KeyRef::Uuid(bytes), Ok(text)) = (key, <[u8; 36]>::try_from(id.as_bytes())) {
+        LAST_UNSEEN_UUID.with(|c| c.set(Some((text, bytes))));
+    }
+}
+
+/// [`storable_key`], for a `remember` (which usually follows a `seen` of the same id that
+/// found nothing).
+fn storable_key_to_remember(id: &str) -> Option<KeyRef<'_>> {
+    if id.len() == 36
+        && let Some((text, bytes)) = LAST_UNSEEN_UUID.with(Cell::get)
+        && text.as_slice() == id.as_bytes()
+    {
+        return Some(KeyRef::Uuid(bytes));
+    }
+    storable_key(id)
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the data is a
@@ -899,6 +932,23 @@ mod tests {
         for len in [0, 35, 37] {
             assert_eq!(canonical_uuid(&vec![b'0'; len]), None);
         }
+    }
+
+    #[test]
+    fn remember_after_an_unseen_uuid_stores_that_uuid() {
+        // `seen` notes the last unseen UUID of the thread for the `remember` after it; a
+        // `remember` of another id (or the same id in another case) must not take it.
+        let s = InMemoryStore::new();
+        let other = "0123abcd-4567-89ef-a0b1-c2d3e4f56789";
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(other, None));
+        assert!(s.is_seen(other) && !s.is_seen(U1));
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(&U1.to_uppercase(), None));
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(U1, None));
+        assert!(s.is_seen(U1) && s.is_seen(&U1.to_uppercase()) && s.is_seen(other));
+        assert_eq!(s.len(), 3);
     }
 
     #[test]
