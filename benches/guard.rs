@@ -25,6 +25,21 @@
 //! criterion groups, the binary prints the **heap allocations per call** of each variant,
 //! counted by a global allocator over 10,000 calls; the `alloc` group times those
 //! allocations alone (the owned key `String`, and the boxed future of the async expansion).
+//!
+//! The guard is called outside the consume runtime, as a handler called by hand: it takes
+//! no per-key turn (the runtime's guard calls do; see `babelqueue_core::inflight`), and a
+//! first delivery's cost includes the eviction of the store's oldest id.
+//!
+//! On a shared machine, count instructions instead (deterministic): with
+//! `GUARD_BENCH_CALLS=<variant>,<first|duplicate>,<n>` the binary warms the variant's store,
+//! makes `n` calls and exits, and `callgrind --toggle-collect='guard::calls'` counts only
+//! those calls (see [`calls_mode`]):
+//!
+//! ```text
+//! cargo bench --bench guard --no-run      # prints the binary's path
+//! GUARD_BENCH_CALLS=sync/guard,duplicate,20000 valgrind --tool=callgrind --dump-instr=no \
+//!     --toggle-collect='guard::calls' target/release/deps/guard-<hash>
+//! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;

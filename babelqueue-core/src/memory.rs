@@ -232,40 +232,45 @@ fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
         u64::from_le_bytes(w)
     };
     // The digits in eight-digit words: 0..8, 9..13 + 14..18, 19..23 + 24..28, 28..36.
-    let mid1 = (word(9) & 0xFFFF_FFFF) | (word(14) << 32);
-    let mid2 = (word(19) & 0xFFFF_FFFF) | (word(24) << 32);
-    let (a, b, c, d) = (hex8(word(0)), hex8(mid1), hex8(mid2), hex8(word(28)));
-    let (a, b, c, d) = (a?, b?, c?, d?);
+    let words = [
+        word(0),
+        (word(9) & 0xFFFF_FFFF) | (word(14) << 32),
+        (word(19) & 0xFFFF_FFFF) | (word(24) << 32),
+        word(28),
+    ];
+    // Decoded and checked word by word, with one branch at the end.
     let mut out = [0u8; 16];
-    out[0..4].copy_from_slice(&a.to_le_bytes());
-    out[4..8].copy_from_slice(&b.to_le_bytes());
-    out[8..12].copy_from_slice(&c.to_le_bytes());
-    out[12..16].copy_from_slice(&d.to_le_bytes());
-    Some(out)
+    let mut wrong = 0;
+    for (x, bytes) in words.into_iter().zip(out.chunks_exact_mut(4)) {
+        let (decoded, not_digits) = hex8(x);
+        bytes.copy_from_slice(&decoded.to_le_bytes());
+        wrong |= not_digits;
+    }
+    (wrong == 0).then_some(out)
 }
 
 /// Eight lowercase hex digits, the first in the lowest byte of `x`, as the four bytes they
-/// spell (the first in the lowest byte); `None` if any byte is not `0-9` or `a-f`.
+/// spell (the first in the lowest byte), and a word that is not zero when a byte of `x` is
+/// not `0-9` or `a-f` (the four bytes mean nothing then).
 ///
 /// Each byte `c` is decoded as `(c & 0xf) + 9 * bit6(c)` (exact for `0-9` and `a-f`), then
 /// checked by spelling the value back: a byte is a digit exactly when its value is below
-/// 16 and spells `c` again. No step carries into the next byte (values stay below 25).
-fn hex8(x: u64) -> Option<u32> {
+/// 16 and spells `c` again. No step of the check carries into the next byte (values stay
+/// below 25).
+fn hex8(x: u64) -> (u32, u64) {
     const ONES: u64 = 0x0101_0101_0101_0101;
     let letters = (x >> 6) & ONES;
     let values = (x & (ONES * 0x0F)) + letters * 9;
     let over_nine = ((values + ONES * (0x80 - 10)) >> 7) & ONES;
     let spelled = values + ONES * u64::from(b'0') + over_nine * u64::from(b'a' - b'0' - 10);
     let over_fifteen = (values + ONES * (0x80 - 16)) & (ONES * 0x80);
-    if spelled != x || over_fifteen != 0 {
-        return None;
-    }
+    let not_digits = (spelled ^ x) | over_fifteen;
     // Each 16-bit lane: (first digit << 4) | second digit, in its low byte; then the four
-    // low bytes side by side.
+    // low bytes side by side. (Wrapping: for bytes that are not digits the sum may carry.)
     const LOW_BYTES: u64 = 0x00FF_00FF_00FF_00FF;
-    let pairs = ((values << 4) + (values >> 8)) & LOW_BYTES;
+    let pairs = (values << 4).wrapping_add(values >> 8) & LOW_BYTES;
     let packed = (pairs | (pairs >> 8)) & 0x0000_FFFF_0000_FFFF;
-    Some(((packed | (packed >> 16)) & 0xFFFF_FFFF) as u32)
+    (((packed | (packed >> 16)) & 0xFFFF_FFFF) as u32, not_digits)
 }
 
 #[derive(Debug)]
