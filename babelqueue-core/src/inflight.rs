@@ -457,6 +457,36 @@ pub(crate) fn defer_remember(
     }
 }
 
+/// Whether a guard call runs in a delivery of the consume runtime (the runtime's probe is
+/// visible), looked up once per call: outside one, the guard's other steps skip the
+/// task-local lookups they would each make.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivery(bool);
+
+/// Looks up [`Delivery`] for the current guard call.
+pub(crate) fn delivery() -> Delivery {
+    Delivery(with_current(|_| ()).is_some())
+}
+
+impl Delivery {
+    /// Whether this is a delivery of the runtime: if so, the guard takes the turn on its
+    /// key and reports to the probe ([`turn_async`], [`store_before`], [`handler_runs`],
+    /// [`defer_remember`], [`store_after`]); if not, it calls the store directly and
+    /// passes what `seen` answered through [`store_answer`](Self::store_answer).
+    pub(crate) fn of_runtime(self) -> bool {
+        self.0
+    }
+
+    /// Outside a runtime delivery: records a failed `seen` / `claim` (for a sync capture,
+    /// see [`mark`]), as [`store_before`] does.
+    pub(crate) fn store_answer<T, E>(self, key: &str, out: Result<T, E>) -> Result<T, E> {
+        if out.is_err() {
+            mark(key, SYNC_STORE_FAILED);
+        }
+        out
+    }
+}
+
 /// Called by the lease guard when the key is in flight on another worker.
 pub(crate) fn in_flight_elsewhere(key: &str) {
     mark(key, SYNC_IN_FLIGHT);
