@@ -25,6 +25,21 @@
 //! criterion groups, the binary prints the **heap allocations per call** of each variant,
 //! counted by a global allocator over 10,000 calls; the `alloc` group times those
 //! allocations alone (the owned key `String`, and the boxed future of the async expansion).
+//!
+//! The guard is called outside the consume runtime, as a handler called by hand: it takes
+//! no per-key turn (the runtime's guard calls do; see `babelqueue_core::inflight`), and a
+//! first delivery's cost includes the eviction of the store's oldest id.
+//!
+//! On a shared machine, count instructions instead (deterministic): with
+//! `GUARD_BENCH_CALLS=<variant>,<first|duplicate>,<n>` the binary warms the variant's store,
+//! makes `n` calls and exits, and `callgrind --toggle-collect='guard::calls'` counts only
+//! those calls (see [`calls_mode`]):
+//!
+//! ```text
+//! cargo bench --bench guard --no-run      # prints the binary's path
+//! GUARD_BENCH_CALLS=sync/guard,duplicate,20000 valgrind --tool=callgrind --dump-instr=no \
+//!     --toggle-collect='guard::calls' target/release/deps/guard-<hash>
+//! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
@@ -226,7 +241,62 @@ fn expansion_allocations(c: &mut Criterion) {
 
 criterion_group!(benches, bench, expansion_allocations);
 
+/// Runs `run` once per envelope of `envs`: the only function `callgrind` collects in the
+/// `GUARD_BENCH_CALLS` mode (`--toggle-collect='guard::calls'`), so its instruction count
+/// divided by the number of calls is the cost of one call, without the setup.
+#[inline(never)]
+fn calls(run: &dyn Fn(&Envelope) -> Result<(), std::io::Error>, envs: &[&Envelope]) {
+    for env in envs {
+        black_box(run(black_box(env))).expect("handler");
+    }
+}
+
+/// `GUARD_BENCH_CALLS=<variant>,<first|duplicate>,<n>` (a variant: `sync/guard`,
+/// `async/bare`, ...): warm the variant's store to its capacity, then make `n` calls of
+/// it, first deliveries (each a new envelope, built beforehand) or one duplicate, in
+/// [`calls`], and exit. For instruction counts per call, which do not depend on the load of
+/// the machine:
+///
+/// ```text
+/// GUARD_BENCH_CALLS=sync/guard,duplicate,100000 valgrind --tool=callgrind \
+///     --dump-instr=no --toggle-collect='guard::calls' target/release/deps/guard-<hash>
+/// ```
+///
+/// (`callgrind_annotate` then shows where they go; `bare` with `duplicate` is the
+/// baseline of a duplicate, `bare` with `first` that of a first delivery.)
+fn calls_mode(spec: &str) {
+    let mut parts = spec.split(',');
+    let (Some(name), Some(kind), Some(n), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        panic!("GUARD_BENCH_CALLS=<variant>,<first|duplicate>,<n>, not {spec:?}");
+    };
+    let n: usize = n.parse().expect("a number of calls");
+    let run = variants()
+        .into_iter()
+        .find_map(|(v, run)| (v == name).then_some(run))
+        .unwrap_or_else(|| panic!("no variant {name:?}"));
+    for _ in 0..CAPACITY {
+        run(&envelope()).expect("warm-up");
+    }
+    let (fresh, dup): (Vec<Envelope>, Envelope) = match kind {
+        "first" => ((0..n).map(|_| envelope()).collect(), envelope()),
+        "duplicate" => (Vec::new(), duplicate(&run)),
+        _ => panic!("first or duplicate, not {kind:?}"),
+    };
+    let envs: Vec<&Envelope> = match kind {
+        "first" => fresh.iter().collect(),
+        _ => vec![&dup; n],
+    };
+    calls(&*run, &envs);
+    println!("{n} calls of {name} ({kind})");
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("GUARD_BENCH_CALLS") {
+        calls_mode(&spec);
+        return;
+    }
     // `cargo bench` passes `--bench`; `cargo bench -- --test` (and `cargo test --benches`)
     // check each benchmark once: count allocations over fewer calls then.
     let quick =

@@ -92,6 +92,7 @@ thread_local! {
 }
 
 /// Whether a sync handler capture ([`capture_outcome_sync`]) is active on this thread.
+#[inline]
 pub(crate) fn capturing_sync() -> bool {
     CAPTURE_DEPTH.with(Cell::get) > 0
 }
@@ -275,24 +276,41 @@ where
         handler.await.into_result()?;
         return Ok(done(Outcome::RanWithoutKey));
     };
-    let turn = inflight::consumer_turn(&key).await;
-    if inflight::store_before(&key, store.seen(&key))
-        .await
-        .map_err(IntoHandlerError::into_handler_error)?
-    {
+    // Outside a runtime delivery (no turn, no probe), the store is called directly, with no
+    // task-local lookup per step.
+    let delivery = inflight::delivery();
+    let runtime = delivery.of_runtime();
+    let turn = if runtime {
+        Some(inflight::turn_async(&key).await)
+    } else {
+        None
+    };
+    let seen = if runtime {
+        inflight::store_before(&key, store.seen(&key)).await
+    } else {
+        delivery.store_answer(&key, store.seen(&key).await)
+    };
+    if seen.map_err(IntoHandlerError::into_handler_error)? {
         return Ok(skipped(&key));
     }
-    inflight::handler_runs();
+    if runtime {
+        inflight::handler_runs();
+    }
     handler.await.into_result()?;
-    // Under the runtime, with the store on the transport's server: the `remember` is sent
-    // with the ack, in one round trip (the turn on the key is held until then).
-    let _turn = match inflight::defer_remember(turn, |server| {
-        store.pipelined_remember(&key, ttl, server)
-    }) {
-        Ok(()) => return Ok(done(Outcome::Ran)),
-        Err(turn) => turn,
+    let remembered = if runtime {
+        // With the store on the transport's server: the `remember` is sent with the ack,
+        // in one round trip (the turn on the key is held until then).
+        let _turn = match inflight::defer_remember(turn, |server| {
+            store.pipelined_remember(&key, ttl, server)
+        }) {
+            Ok(()) => return Ok(done(Outcome::Ran)),
+            Err(turn) => turn,
+        };
+        inflight::store_after(store.remember_for(&key, ttl)).await
+    } else {
+        store.remember_for(&key, ttl).await
     };
-    if let Err(err) = inflight::store_after(store.remember_for(&key, ttl)).await {
+    if let Err(err) = remembered {
         remember_failed(&key, &err);
     }
     Ok(done(Outcome::Ran))

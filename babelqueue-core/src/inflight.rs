@@ -19,8 +19,11 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use tokio::time::Instant;
 
@@ -34,34 +37,78 @@ use crate::pipelined::PipelinedWrite;
 
 const SHARDS: usize = 32;
 
+/// One key whose turn is taken.
+struct Held {
+    hash: u64,
+    key: Box<str>,
+    /// Tells this holder's [`KeyTurn`] from a later holder of the same key.
+    ticket: u64,
+    /// What async waiters of the key wait on: made by the first of them (a key nobody
+    /// waits for needs none).
+    notify: Option<Arc<Notify>>,
+}
+
+#[derive(Default)]
+struct Table {
+    held: HashTable<Held>,
+    /// Blocking waiters (of any key of the shard) parked on its condvar: a release wakes
+    /// them only when there are some (a wake is a system call).
+    blocked: usize,
+    next_ticket: u64,
+}
+
+impl Table {
+    fn find(&self, hash: u64, key: &str) -> Option<&Held> {
+        self.held.find(hash, |h| *h.key == *key)
+    }
+
+    fn take(&mut self, hash: u64, key: &str) -> KeyTurn {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let held = Held {
+            hash,
+            key: key.into(),
+            ticket,
+            notify: None,
+        };
+        self.held.insert_unique(hash, held, |h| h.hash);
+        KeyTurn { hash, ticket }
+    }
+}
+
 struct Shard {
-    /// Keys whose turn is taken, each with the `Notify` its async waiters wait on.
-    held: Mutex<HashMap<String, Arc<Notify>>>,
+    table: Mutex<Table>,
     /// Blocking waiters of any key of this shard.
     cond: Condvar,
 }
 
-static TURNS: LazyLock<Vec<Shard>> = LazyLock::new(|| {
-    (0..SHARDS)
-        .map(|_| Shard {
-            held: Mutex::new(HashMap::new()),
-            cond: Condvar::new(),
-        })
-        .collect()
-});
-
-fn shard(key: &str) -> &'static Shard {
-    // FNV-1a: cheap and good enough to spread keys over the shards.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    &TURNS[(h % SHARDS as u64) as usize]
+struct Turns {
+    shards: Vec<Shard>,
+    hasher: DefaultHashBuilder,
 }
 
-fn lock_map(s: &Shard) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
-    s.held.lock().unwrap_or_else(PoisonError::into_inner)
+static TURNS: LazyLock<Turns> = LazyLock::new(|| Turns {
+    shards: (0..SHARDS)
+        .map(|_| Shard {
+            table: Mutex::new(Table::default()),
+            cond: Condvar::new(),
+        })
+        .collect(),
+    hasher: DefaultHashBuilder::default(),
+});
+
+/// The hash of `key` in the turn tables (foldhash, seeded per process).
+fn turn_hash(key: &str) -> u64 {
+    TURNS.hasher.hash_one(key)
+}
+
+fn shard(hash: u64) -> &'static Shard {
+    // Bits the table's probing does not use (it takes the low bits and the top seven).
+    &TURNS.shards[(hash >> 32) as usize % SHARDS]
+}
+
+fn lock_table(s: &Shard) -> MutexGuard<'_, Table> {
+    s.table.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// This task's turn on one key: while it lives, no other guard call of this process with
@@ -69,36 +116,52 @@ fn lock_map(s: &Shard) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
 /// cancelled.
 #[must_use = "the turn is released when dropped"]
 pub(crate) struct KeyTurn {
-    key: String,
+    hash: u64,
+    ticket: u64,
 }
 
 impl Drop for KeyTurn {
     fn drop(&mut self) {
-        let s = shard(&self.key);
-        let removed = lock_map(s).remove(self.key.as_str());
-        if let Some(notify) = removed {
-            // Wake every waiter of this key: the first to re-lock the shard takes the
-            // turn, the others wait again.
+        let s = shard(self.hash);
+        let (notify, blocked) = {
+            let mut table = lock_table(s);
+            let notify = match table
+                .held
+                .find_entry(self.hash, |h| h.ticket == self.ticket)
+            {
+                Ok(entry) => entry.remove().0.notify,
+                Err(_) => None,
+            };
+            (notify, table.blocked > 0)
+        };
+        // Wake every waiter of this key: the first to re-lock the shard takes the turn,
+        // the others wait again.
+        if let Some(notify) = notify {
             notify.notify_waiters();
+        }
+        if blocked {
             s.cond.notify_all();
         }
     }
 }
 
+/// Whether the turn on `key` is taken (for tests).
+#[cfg(test)]
+fn is_held(key: &str) -> bool {
+    let hash = turn_hash(key);
+    lock_table(shard(hash)).find(hash, key).is_some()
+}
+
 /// Waits (asynchronously) for the turn on `key`.
 pub(crate) async fn turn_async(key: &str) -> KeyTurn {
-    let s = shard(key);
+    let hash = turn_hash(key);
+    let s = shard(hash);
     loop {
         let notify = {
-            let mut map = lock_map(s);
-            match map.get(key) {
-                None => {
-                    map.insert(key.to_owned(), Arc::new(Notify::new()));
-                    return KeyTurn {
-                        key: key.to_owned(),
-                    };
-                }
-                Some(n) => Arc::clone(n),
+            let mut table = lock_table(s);
+            match table.held.find_mut(hash, |h| *h.key == *key) {
+                None => return table.take(hash, key),
+                Some(held) => Arc::clone(held.notify.get_or_insert_with(Default::default)),
             }
         };
         let notified = notify.notified();
@@ -106,17 +169,15 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
         notified.as_mut().enable();
         // The holder may have finished between the two locks; if its slot is still there,
         // its release (which removes the slot under the lock) comes after our `enable`.
-        let still_held = lock_map(s)
-            .get(key)
+        let still_held = lock_table(s)
+            .find(hash, key)
+            .and_then(|h| h.notify.as_ref())
             .is_some_and(|n| Arc::ptr_eq(n, &notify));
         if still_held {
-            let probe = current();
-            if let Some(p) = &probe {
-                p.enter(Phase::Waiting);
-            }
+            let probed = with_current(|p| p.enter(Phase::Waiting)).is_some();
             notified.await;
-            if let Some(p) = &probe {
-                p.leave();
+            if probed {
+                with_current(StoreProbe::leave);
             }
         }
     }
@@ -127,7 +188,7 @@ pub(crate) async fn turn_async(key: &str) -> KeyTurn {
 /// directly (a test, a handler called by hand), which keeps its plain store semantics
 /// (e.g. lease mode answering `InFlight` to a concurrent call).
 pub(crate) async fn consumer_turn(key: &str) -> Option<KeyTurn> {
-    current()?;
+    with_current(|_| ())?;
     Some(turn_async(key).await)
 }
 
@@ -143,15 +204,15 @@ pub(crate) fn turn_blocking(key: &str) -> Option<KeyTurn> {
 }
 
 fn turn_blocking_always(key: &str) -> KeyTurn {
-    let s = shard(key);
-    let mut map = lock_map(s);
-    while map.contains_key(key) {
-        map = s.cond.wait(map).unwrap_or_else(PoisonError::into_inner);
+    let hash = turn_hash(key);
+    let s = shard(hash);
+    let mut table = lock_table(s);
+    while table.find(hash, key).is_some() {
+        table.blocked += 1;
+        table = s.cond.wait(table).unwrap_or_else(PoisonError::into_inner);
+        table.blocked -= 1;
     }
-    map.insert(key.to_owned(), Arc::new(Notify::new()));
-    KeyTurn {
-        key: key.to_owned(),
-    }
+    table.take(hash, key)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -317,8 +378,10 @@ pub(crate) async fn with_probe<F: Future>(probe: Arc<StoreProbe>, fut: F) -> F::
     PROBE.scope(probe, fut).await
 }
 
-fn current() -> Option<Arc<StoreProbe>> {
-    PROBE.try_with(Arc::clone).ok()
+/// `f` on the current delivery's probe (`None` outside a runtime delivery), without
+/// cloning the `Arc`: the guard asks several times per call.
+fn with_current<T>(f: impl FnOnce(&StoreProbe) -> T) -> Option<T> {
+    PROBE.try_with(|p| f(p)).ok()
 }
 
 /// Moves a sync guard's markers for `key` (recorded on the blocking pool) into `probe`.
@@ -339,15 +402,16 @@ pub(crate) fn take_sync_marks(key: &str, probe: &StoreProbe) {
 }
 
 fn mark(key: &str, bit: u8) {
-    match current() {
-        Some(p) => {
-            let flag = if bit == SYNC_STORE_FAILED {
-                &p.store_failed
-            } else {
-                &p.in_flight
-            };
-            flag.store(true, Ordering::SeqCst);
-        }
+    let marked = with_current(|p| {
+        let flag = if bit == SYNC_STORE_FAILED {
+            &p.store_failed
+        } else {
+            &p.in_flight
+        };
+        flag.store(true, Ordering::SeqCst);
+    });
+    match marked {
+        Some(()) => {}
         None if crate::guard::capturing_sync() => {
             let mut map = SYNC_MARKS.lock().unwrap_or_else(PoisonError::into_inner);
             let bits = map.entry(key.to_owned()).or_insert_with(|| {
@@ -368,23 +432,58 @@ pub(crate) fn defer_remember(
     turn: Option<KeyTurn>,
     offer: impl FnOnce(&str) -> Option<PipelinedWrite>,
 ) -> Result<(), Option<KeyTurn>> {
-    let Some(probe) = current() else {
-        return Err(turn);
-    };
-    let Some(server) = probe.pipeline_server.as_deref() else {
-        return Err(turn);
-    };
-    match offer(server) {
-        Some(write) if write.server() == server => {
-            let mut d = probe
-                .deferred
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            d.writes.push(write);
-            d.turns.extend(turn);
-            Ok(())
+    let mut turn = turn;
+    let handed = with_current(|probe| {
+        let Some(server) = probe.pipeline_server.as_deref() else {
+            return false;
+        };
+        match offer(server) {
+            Some(write) if write.server() == server => {
+                let mut d = probe
+                    .deferred
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                d.writes.push(write);
+                d.turns.extend(turn.take());
+                true
+            }
+            _ => false,
         }
-        _ => Err(turn),
+    });
+    if handed == Some(true) {
+        Ok(())
+    } else {
+        Err(turn)
+    }
+}
+
+/// Whether a guard call runs in a delivery of the consume runtime (the runtime's probe is
+/// visible), looked up once per call: outside one, the guard's other steps skip the
+/// task-local lookups they would each make.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivery(bool);
+
+/// Looks up [`Delivery`] for the current guard call.
+pub(crate) fn delivery() -> Delivery {
+    Delivery(with_current(|_| ()).is_some())
+}
+
+impl Delivery {
+    /// Whether this is a delivery of the runtime: if so, the guard takes the turn on its
+    /// key and reports to the probe ([`turn_async`], [`store_before`], [`handler_runs`],
+    /// [`defer_remember`], [`store_after`]); if not, it calls the store directly and
+    /// passes what `seen` answered through [`store_answer`](Self::store_answer).
+    pub(crate) fn of_runtime(self) -> bool {
+        self.0
+    }
+
+    /// Outside a runtime delivery: records a failed `seen` / `claim` (for a sync capture,
+    /// see [`mark`]), as [`store_before`] does.
+    pub(crate) fn store_answer<T, E>(self, key: &str, out: Result<T, E>) -> Result<T, E> {
+        if out.is_err() {
+            mark(key, SYNC_STORE_FAILED);
+        }
+        out
     }
 }
 
@@ -395,13 +494,13 @@ pub(crate) fn in_flight_elsewhere(key: &str) {
 
 /// Called by the guard when its handler body is about to run.
 pub(crate) fn handler_runs() {
-    if let Some(p) = current() {
+    with_current(|p| {
         p.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .handler_started = Some(Instant::now());
         p.changed.notify_one();
-    }
+    });
 }
 
 /// Runs the guard's store call before the handler (`seen` / `claim`): phase marked for
@@ -410,13 +509,10 @@ pub(crate) async fn store_before<T, E, F>(key: &str, fut: F) -> Result<T, E>
 where
     F: Future<Output = Result<T, E>>,
 {
-    let probe = current();
-    if let Some(p) = &probe {
-        p.enter(Phase::StoreBefore);
-    }
+    let probed = with_current(|p| p.enter(Phase::StoreBefore)).is_some();
     let out = fut.await;
-    if let Some(p) = &probe {
-        p.leave();
+    if probed {
+        with_current(StoreProbe::leave);
     }
     if out.is_err() {
         mark(key, SYNC_STORE_FAILED);
@@ -437,13 +533,10 @@ pub(crate) fn store_before_sync<T, E>(key: &str, f: impl FnOnce() -> Result<T, E
 /// the phase marked (a hang there is cut by the runtime and the delivery acked: the
 /// handler succeeded).
 pub(crate) async fn store_after<T, F: Future<Output = T>>(fut: F) -> T {
-    let probe = current();
-    if let Some(p) = &probe {
-        p.enter(Phase::StoreAfter);
-    }
+    let probed = with_current(|p| p.enter(Phase::StoreAfter)).is_some();
     let out = fut.await;
-    if let Some(p) = &probe {
-        p.leave();
+    if probed {
+        with_current(StoreProbe::leave);
     }
     out
 }
@@ -508,7 +601,22 @@ mod tests {
             t.await.unwrap();
         }
         assert!(!overlap.load(Ordering::SeqCst));
-        assert!(!lock_map(shard("inflight-test-same")).contains_key("inflight-test-same"));
+        assert!(!is_held("inflight-test-same"));
+    }
+
+    #[tokio::test]
+    async fn turns_taken_and_released_in_a_row_leave_nothing_held() {
+        // The uncontended path, async and blocking: nothing waits, so a release wakes
+        // nobody (no condvar, no `Notify`), and every slot is gone afterwards.
+        for i in 0..10_000 {
+            let key = format!("inflight-test-row-{}", i % 7);
+            if i % 2 == 0 {
+                drop(turn_async(&key).await);
+            } else {
+                drop(turn_blocking_always(&key));
+            }
+        }
+        assert!((0..7).all(|i| !is_held(&format!("inflight-test-row-{i}"))));
     }
 
     #[tokio::test]
@@ -526,6 +634,6 @@ mod tests {
                 .await
                 .expect("free again");
         drop(again);
-        assert!(!lock_map(shard("inflight-test-cancel")).contains_key("inflight-test-cancel"));
+        assert!(!is_held("inflight-test-cancel"));
     }
 }

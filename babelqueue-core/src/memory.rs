@@ -1,5 +1,6 @@
 //! [`InMemoryStore`]: a process-local, bounded, sharded seen-set.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
@@ -218,28 +219,58 @@ impl KeyRef<'_> {
 }
 
 /// The 16 bytes of `id` if it is a UUID in the canonical form (36 characters, lowercase
-/// hex digits, hyphens at 8, 13, 18 and 23), in one pass.
+/// hex digits, hyphens at 8, 13, 18 and 23): the 32 digits are checked and decoded eight
+/// at a time, in a `u64` each (`hex8`), without a branch per digit.
 fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    if id.len() != 36 || id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
+    let id: &[u8; 36] = id.try_into().ok()?;
+    if id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
         return None;
     }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&id[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    // The digits in eight-digit words: 0..8, 9..13 + 14..18, 19..23 + 24..28, 28..36.
+    let words = [
+        word(0),
+        (word(9) & 0xFFFF_FFFF) | (word(14) << 32),
+        (word(19) & 0xFFFF_FFFF) | (word(24) << 32),
+        word(28),
+    ];
+    // Decoded and checked word by word, with one branch at the end.
     let mut out = [0u8; 16];
-    let mut i = 0;
-    for byte in &mut out {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            i += 1;
-        }
-        *byte = (nibble(id[i])? << 4) | nibble(id[i + 1])?;
-        i += 2;
+    let mut wrong = 0;
+    for (x, bytes) in words.into_iter().zip(out.chunks_exact_mut(4)) {
+        let (decoded, not_digits) = hex8(x);
+        bytes.copy_from_slice(&decoded.to_le_bytes());
+        wrong |= not_digits;
     }
-    Some(out)
+    (wrong == 0).then_some(out)
+}
+
+/// Eight lowercase hex digits, the first in the lowest byte of `x`, as the four bytes they
+/// spell (the first in the lowest byte), and a word that is not zero when a byte of `x` is
+/// not `0-9` or `a-f` (the four bytes mean nothing then).
+///
+/// Each byte `c` is decoded as `(c & 0xf) + 9 * bit6(c)` (exact for `0-9` and `a-f`), then
+/// checked by spelling the value back: a byte is a digit exactly when its value is below
+/// 16 and spells `c` again. No step of the check carries into the next byte (values stay
+/// below 25).
+fn hex8(x: u64) -> (u32, u64) {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let letters = (x >> 6) & ONES;
+    let values = (x & (ONES * 0x0F)) + letters * 9;
+    let over_nine = ((values + ONES * (0x80 - 10)) >> 7) & ONES;
+    let spelled = values + ONES * u64::from(b'0') + over_nine * u64::from(b'a' - b'0' - 10);
+    let over_fifteen = (values + ONES * (0x80 - 16)) & (ONES * 0x80);
+    let not_digits = (spelled ^ x) | over_fifteen;
+    // Each 16-bit lane: (first digit << 4) | second digit, in its low byte; then the four
+    // low bytes side by side. (Wrapping: for bytes that are not digits the sum may carry.)
+    const LOW_BYTES: u64 = 0x00FF_00FF_00FF_00FF;
+    let pairs = (values << 4).wrapping_add(values >> 8) & LOW_BYTES;
+    let packed = (pairs | (pairs >> 8)) & 0x0000_FFFF_0000_FFFF;
+    (((packed | (packed >> 16)) & 0xFFFF_FFFF) as u32, not_digits)
 }
 
 #[derive(Debug)]
@@ -304,11 +335,17 @@ impl Shard {
 
     /// Whether `key` is live at `now`; drops it when expired.
     fn seen(&mut self, hash: u64, key: KeyRef<'_>, now: u64) -> bool {
+        self.seen_at(hash, key, || now)
+    }
+
+    /// [`seen`](Self::seen), reading the clock (`now`) only for an entry that may have
+    /// expired: a key that is not there, or never expires, needs no time.
+    fn seen_at(&mut self, hash: u64, key: KeyRef<'_>, now: impl FnOnce() -> u64) -> bool {
         let Some(seq) = self.find(hash, key) else {
             return false;
         };
         let expires = self.entry(seq).expires;
-        if expires == NEVER || now < expires {
+        if expires == NEVER || now() < expires {
             return true;
         }
         self.entry(seq).expires = DEAD;
@@ -466,7 +503,7 @@ impl InMemoryStore {
     }
 
     fn insert(&self, id: &str, ttl: Option<Duration>) -> bool {
-        let Some(key) = storable_key(id) else {
+        let Some(key) = storable_key_to_remember(id) else {
             return false;
         };
         let hash = key.hash_with(&self.hasher);
@@ -490,10 +527,17 @@ impl InMemoryStore {
             return false;
         };
         let hash = key.hash_with(&self.hasher);
-        let now = self.now();
+        // The clock is read under the shard's lock, and only when an entry was found:
+        // a first delivery's `seen` reads no time.
         let mut shard = self.shard(hash);
-        shard.seen(hash, key, now)
-            || (!shard.inflight.is_empty() && shard.inflight.get(id).is_some_and(|(_, d)| now < *d))
+        let seen = shard.seen_at(hash, key, || self.now())
+            || (!shard.inflight.is_empty()
+                && shard.inflight.get(id).is_some_and(|(_, d)| self.now() < *d));
+        drop(shard);
+        if !seen {
+            note_unseen(id, key);
+        }
+        seen
     }
 
     fn insert_fingerprint(&self, id: &str, fp: &Fingerprint, ttl: Option<Duration>) {
@@ -630,6 +674,33 @@ fn storable_key(id: &str) -> Option<KeyRef<'_>> {
         key @ KeyRef::Uuid(_) => Some(key),
         key @ KeyRef::Text(_) => storable(id).then_some(key),
     }
+}
+
+thread_local! {
+    /// The last canonical UUID id a `seen` of this thread did not find, with its 16 bytes:
+    /// the guard's `remember` of a first delivery follows with the same id, and finds it
+    /// here instead of decoding it again. (A pure function's last result, keyed by its
+    /// whole input: it cannot be stale.)
+    static LAST_UNSEEN_UUID: Cell<Option<([u8; 36], [u8; 16])>> = const { Cell::new(None) };
+}
+
+/// Notes that `seen` did not find `key` (spelled `id`), for [`storable_key_to_remember`].
+fn note_unseen(id: &str, key: KeyRef<'_>) {
+    if let (KeyRef::Uuid(bytes), Ok(text)) = (key, <[u8; 36]>::try_from(id.as_bytes())) {
+        LAST_UNSEEN_UUID.with(|c| c.set(Some((text, bytes))));
+    }
+}
+
+/// [`storable_key`], for a `remember` (which usually follows a `seen` of the same id that
+/// found nothing).
+fn storable_key_to_remember(id: &str) -> Option<KeyRef<'_>> {
+    if id.len() == 36
+        && let Some((text, bytes)) = LAST_UNSEEN_UUID.with(Cell::get)
+        && text.as_slice() == id.as_bytes()
+    {
+        return Some(KeyRef::Uuid(bytes));
+    }
+    storable_key(id)
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the data is a
@@ -809,6 +880,80 @@ mod tests {
         ] {
             assert_eq!(canonical_uuid(bad.as_bytes()), None, "{bad}");
         }
+    }
+
+    /// The digit-at-a-time parser `canonical_uuid` replaced, as the reference.
+    fn canonical_uuid_reference(id: &[u8]) -> Option<[u8; 16]> {
+        fn nibble(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        if id.len() != 36 || [8, 13, 18, 23].iter().any(|&i| id[i] != b'-') {
+            return None;
+        }
+        let digits: Vec<u8> = id.iter().copied().filter(|&c| c != b'-').collect();
+        if digits.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = (nibble(digits[2 * i])? << 4) | nibble(digits[2 * i + 1])?;
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn canonical_uuid_agrees_with_the_reference_on_every_one_byte_change() {
+        // Every byte value at every position of a few UUIDs (including the hyphens'
+        // positions): the word-at-a-time checks must reject and decode exactly as the
+        // digit-at-a-time reference does.
+        let ids = [
+            "00000000-0000-0000-0000-000000000000".to_owned(),
+            "ffffffff-ffff-ffff-ffff-ffffffffffff".to_owned(),
+            "0123abcd-4567-89ef-a0b1-c2d3e4f56789".to_owned(),
+            uuid::Uuid::new_v4().to_string(),
+        ];
+        for id in &ids {
+            assert_eq!(
+                canonical_uuid(id.as_bytes()),
+                canonical_uuid_reference(id.as_bytes())
+            );
+            assert!(canonical_uuid(id.as_bytes()).is_some(), "{id}");
+            for at in 0..36 {
+                for b in 0..=255u8 {
+                    let mut bytes = id.clone().into_bytes();
+                    bytes[at] = b;
+                    assert_eq!(
+                        canonical_uuid(&bytes),
+                        canonical_uuid_reference(&bytes),
+                        "{id} with byte {b:#04x} at {at}"
+                    );
+                }
+            }
+        }
+        for len in [0, 35, 37] {
+            assert_eq!(canonical_uuid(&vec![b'0'; len]), None);
+        }
+    }
+
+    #[test]
+    fn remember_after_an_unseen_uuid_stores_that_uuid() {
+        // `seen` notes the last unseen UUID of the thread for the `remember` after it; a
+        // `remember` of another id (or the same id in another case) must not take it.
+        let s = InMemoryStore::new();
+        let other = "0123abcd-4567-89ef-a0b1-c2d3e4f56789";
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(other, None));
+        assert!(s.is_seen(other) && !s.is_seen(U1));
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(&U1.to_uppercase(), None));
+        assert!(!s.is_seen(U1));
+        assert!(s.insert(U1, None));
+        assert!(s.is_seen(U1) && s.is_seen(&U1.to_uppercase()) && s.is_seen(other));
+        assert_eq!(s.len(), 3);
     }
 
     #[test]
