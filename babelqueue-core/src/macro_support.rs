@@ -364,10 +364,15 @@ where
 pub trait AsyncLeaseGuard<K: ReturnKind> {
     /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
     /// `&Envelope` whose `meta.id` is the key). An id in flight on another worker is
-    /// returned as `in_flight(InFlight { .. })`: the expansion passes a closure calling
-    /// [`in_flight_error`] spanned at the handler's return type, so an error type that
-    /// cannot hold [`InFlight`] is reported there. (A bound on the error type here would
-    /// be repeated by the `impl Future` this method returns, and reported at the store.)
+    /// returned as `in_flight()(InFlight { .. })`: the expansion passes the closure
+    /// `|| in_flight_error`, with [`in_flight_error`] spanned at the handler's return
+    /// type, so an error type that cannot hold [`InFlight`] is reported there, once.
+    ///
+    /// A bound on the error type here would be repeated by the `impl Future` this method
+    /// returns and reported again at the store; so would the bound of the fn item
+    /// `in_flight_error` passed itself (its `FnOnce` impl carries it), while a closure
+    /// whose body is only a fn pointer carries none. (A closure `|e| in_flight_error(e)`
+    /// would do too, but clippy's `redundant_closure` would flag it in your crate.)
     fn guard<Q, Fut, C>(
         &self,
         key: Q,
@@ -379,7 +384,7 @@ pub trait AsyncLeaseGuard<K: ReturnKind> {
     where
         Q: DedupeKey,
         Fut: Future<Output = K::Ret>,
-        C: FnOnce(InFlight) -> K::Error;
+        C: FnOnce() -> fn(InFlight) -> K::Error;
 }
 
 impl<S, K> AsyncLeaseGuard<K> for S
@@ -399,15 +404,15 @@ where
     where
         Q: DedupeKey,
         Fut: Future<Output = K::Ret>,
-        C: FnOnce(InFlight) -> K::Error,
+        C: FnOnce() -> fn(InFlight) -> K::Error,
     {
-        let result = guard_lease_report_async_with(self, key, lease, ttl, body, in_flight).await;
+        let result = guard_lease_report_async_with(self, key, lease, ttl, body, in_flight()).await;
         K::from_guard(result.map(|r| r.outcome))
     }
 }
 
 /// `InFlight` as the handler's error `E`: what the closure the expansion passes to
-/// [`AsyncLeaseGuard::guard`] calls, spanned at the handler's return type.
+/// [`AsyncLeaseGuard::guard`] returns, spanned at the handler's return type.
 #[inline]
 pub fn in_flight_error<E: AcceptsInFlight>(in_flight: InFlight) -> E {
     E::from(in_flight)
@@ -786,6 +791,46 @@ mod tests {
         }
         assert_eq!(runs, 2);
         assert!(AsyncStore::seen(&store, "a").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn async_lease_guard_returns_in_flight_through_the_given_conversion() {
+        #[derive(Debug, PartialEq)]
+        enum Error {
+            Busy(String),
+        }
+        let store = InMemoryStore::new();
+        let lease = Duration::from_secs(30);
+        let claim = AsyncLeaseStore::claim(&store, "d", lease).await.unwrap();
+        assert!(matches!(claim, crate::lease::Claim::Acquired(_)));
+        let mut runs = 0;
+        let r = AsyncLeaseGuard::<ResultKind<Error>>::guard(
+            &store,
+            GuardKey::from("d"),
+            lease,
+            None,
+            async {
+                runs += 1;
+                Ok(())
+            },
+            || |e: InFlight| Error::Busy(e.id),
+        )
+        .await;
+        assert_eq!(r, Err(Error::Busy("d".to_owned())));
+        assert_eq!(runs, 0, "an id in flight elsewhere does not run the body");
+        let r = AsyncLeaseGuard::<ResultKind<Error>>::guard(
+            &store,
+            GuardKey::from("e"),
+            lease,
+            None,
+            async {
+                runs += 1;
+                Ok(())
+            },
+            || |e: InFlight| Error::Busy(e.id),
+        )
+        .await;
+        assert_eq!((r, runs), (Ok(()), 1));
     }
 
     #[test]

@@ -370,20 +370,19 @@ fn guarded_fn(
     // type, once, not at the store.
     // - sync fn: a `PhantomData` of the handler's error type, spanned at the return type
     //   (a bound on the guard method's `E`, inferred from this argument alone);
-    // - async fn: the conversion itself, a closure calling `in_flight_error` spanned at
-    //   the return type (the async guard's `impl Future` would repeat a bound of its
-    //   method, checked at the call, so its method has none on the error type; a closure,
-    //   not the fn item, whose `FnOnce` impl would carry the fn's bound to the call).
+    // - async fn: the conversion itself, `|| in_flight_error` with the fn spanned at the
+    //   return type (the async guard's `impl Future` would repeat a bound of its method,
+    //   checked at the call, so its method has none on the error type; a closure
+    //   returning the fn as a fn pointer, not the fn item, whose `FnOnce` impl would
+    //   carry the fn's bound to the call, nor `|e| in_flight_error(e)`, which clippy's
+    //   `redundant_closure` would flag in the user's crate).
     let error_arg = match (&lease, &sig.output) {
         (Some(_), ReturnType::Type(_, t)) => {
             let (rf, rl) = first_last(t);
             if is_async {
-                let e = Ident::new("__babelqueue_in_flight", Span::mixed_site());
-                let bars = quote_spanned!(rf=> |#e|);
+                let bars = quote_spanned!(rf=> ||);
                 let convert = respan_range(quote!(#private::in_flight_error), rf, rl);
-                let mut arg = Group::new(Delimiter::Parenthesis, quote!(#e));
-                arg.set_span(rl);
-                quote!(, #bars #convert #arg)
+                quote!(, #bars #convert)
             } else {
                 let phantom = respan_range(quote!(::core::marker::PhantomData), rf, rl);
                 quote!(, #phantom)
