@@ -515,6 +515,67 @@ where
     }
 }
 
+/// [`guard_lease_report_async`] with the conversion of [`InFlight`] into the handler's
+/// error given as a value (`in_flight`) instead of the bound `R::Error: From<InFlight>`.
+/// What the `#[idempotent(lease = ...)]` expansion of an `async fn` calls: it passes a
+/// closure that names `From<InFlight>` at the user's return type, so an error type
+/// without it is reported there, once, and not again at the guard's `impl Future`.
+#[doc(hidden)]
+pub async fn guard_lease_report_async_with<S, K, Fut, R, C>(
+    store: &S,
+    key: K,
+    lease: Duration,
+    ttl: Option<Duration>,
+    handler: Fut,
+    in_flight: C,
+) -> Result<LeasedOutcome, R::Error>
+where
+    S: AsyncLeaseStore + ?Sized,
+    K: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+    C: FnOnce(InFlight) -> R::Error,
+{
+    let Some(key) = key.dedupe_key() else {
+        handler.await.into_result()?;
+        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
+    };
+    let _turn = inflight::consumer_turn(&key).await;
+    let token = match inflight::store_before(&key, store.claim(&key, lease))
+        .await
+        .map_err(IntoHandlerError::into_handler_error)?
+    {
+        Claim::Completed => return Ok(unclaimed(skipped(&key))),
+        Claim::InFlight => {
+            inflight::in_flight_elsewhere(&key);
+            return Err(in_flight(InFlight {
+                id: key.into_owned(),
+            }));
+        }
+        Claim::Acquired(token) => token,
+    };
+    inflight::handler_runs();
+    let (result, lost) = lease::run_renewing_async(store, &key, &token, lease, handler).await;
+    match result {
+        Ok(()) => {
+            let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
+            let fallback = match &completed {
+                Ok(false) => Some(store.remember_for(&key, ttl).await),
+                _ => None,
+            };
+            let lost = settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
+            Ok(leased(done(Outcome::Ran), &token, lost))
+        }
+        Err(e) => {
+            if let Err(err) = store.release(&key, &token).await {
+                release_failed(&key, &err);
+            }
+            Err(e)
+        }
+    }
+}
+
 fn unclaimed(outcome: Outcome) -> LeasedOutcome {
     LeasedOutcome {
         outcome,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::envelope::Envelope;
 use crate::extract::{FromEnvelope, MissingState, StateMap};
 use crate::guard::{
-    HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_async, guard_ttl,
+    HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_report_async_with, guard_ttl,
 };
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
@@ -276,48 +276,6 @@ macro_rules! guard_trait {
             }
         }
     };
-    (
-        $(#[$meta:meta])*
-        $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
-        (lease), async
-    ) => {
-        $(#[$meta])*
-        pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
-            /// `&Envelope` whose `meta.id` is the key).
-            fn guard<Q, Fut>(
-                &self,
-                key: Q,
-                lease: Duration,
-                ttl: Option<Duration>,
-                body: Fut,
-            ) -> impl Future<Output = K::Ret>
-            where
-                Q: DedupeKey,
-                Fut: Future<Output = K::Ret>;
-        }
-
-        impl<S, K> $name<K> for S
-        where
-            S: $marker + ?Sized,
-            K: $kind_bound,
-            S: $fits<K>,
-        {
-            async fn guard<Q, Fut>(
-                &self,
-                key: Q,
-                lease: Duration,
-                ttl: Option<Duration>,
-                body: Fut,
-            ) -> K::Ret
-            where
-                Q: DedupeKey,
-                Fut: Future<Output = K::Ret>,
-            {
-                K::from_guard($run(self, key, lease, ttl, body).await)
-            }
-        }
-    };
 }
 
 guard_trait! {
@@ -394,21 +352,71 @@ where
     }
 }
 
-guard_trait! {
-    /// The lease-mode guard of an async `#[idempotent(lease = ...)]` handler.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with an async handler",
-        label = "this `store = ...` does not implement `babelqueue::AsyncLeaseStore`",
-        note = "lease mode needs a store with atomic claims (`AsyncLeaseStore` for an `async fn`, `LeaseStore` for a sync fn); remove `lease = ...` to use plain post-success dedupe"
-    )]
-    AsyncLeaseGuard, LeaseKind, AsyncClaimStore, AsyncStoreFits, guard_lease_async, (lease), async
+/// The lease-mode guard of an async `#[idempotent(lease = ...)]` handler whose return type
+/// has the kind `K`, for a store `Self`. (Written out, not by `guard_trait!`: it takes
+/// the conversion of [`InFlight`] into the handler's error as a value, see
+/// [`AsyncLeaseGuard::guard`].)
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot claim ids, so `lease = ...` cannot use it with an async handler",
+    label = "this `store = ...` does not implement `babelqueue::AsyncLeaseStore`",
+    note = "lease mode needs a store with atomic claims (`AsyncLeaseStore` for an `async fn`, `LeaseStore` for a sync fn); remove `lease = ...` to use plain post-success dedupe"
+)]
+pub trait AsyncLeaseGuard<K: ReturnKind> {
+    /// Runs `body` under the lease guard, keyed on `key` (a [`GuardKey`], or the
+    /// `&Envelope` whose `meta.id` is the key). An id in flight on another worker is
+    /// returned as `in_flight()(InFlight { .. })`: the expansion passes the closure
+    /// `|| in_flight_error`, with [`in_flight_error`] spanned at the handler's return
+    /// type, so an error type that cannot hold [`InFlight`] is reported there, once.
+    ///
+    /// A bound on the error type here would be repeated by the `impl Future` this method
+    /// returns and reported again at the store; so would the bound of the fn item
+    /// `in_flight_error` passed itself (its `FnOnce` impl carries it), while a closure
+    /// whose body is only a fn pointer carries none. (A closure `|e| in_flight_error(e)`
+    /// would do too, but clippy's `redundant_closure` would flag it in your crate.)
+    fn guard<Q, Fut, C>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: Fut,
+        in_flight: C,
+    ) -> impl Future<Output = K::Ret>
+    where
+        Q: DedupeKey,
+        Fut: Future<Output = K::Ret>,
+        C: FnOnce() -> fn(InFlight) -> K::Error;
 }
 
-/// A return kind whose error can hold [`InFlight`] (lease mode, `async fn`; a sync fn
-/// checks its error type at its return type instead, see [`SyncLeaseGuard::guard`]).
-pub trait LeaseKind: ReturnKind<Error: From<InFlight>> {}
+impl<S, K> AsyncLeaseGuard<K> for S
+where
+    S: AsyncClaimStore + ?Sized,
+    K: ReturnKind,
+    S: AsyncStoreFits<K>,
+{
+    async fn guard<Q, Fut, C>(
+        &self,
+        key: Q,
+        lease: Duration,
+        ttl: Option<Duration>,
+        body: Fut,
+        in_flight: C,
+    ) -> K::Ret
+    where
+        Q: DedupeKey,
+        Fut: Future<Output = K::Ret>,
+        C: FnOnce() -> fn(InFlight) -> K::Error,
+    {
+        let result = guard_lease_report_async_with(self, key, lease, ttl, body, in_flight()).await;
+        K::from_guard(result.map(|r| r.outcome))
+    }
+}
 
-impl<K: ReturnKind<Error: AcceptsInFlight>> LeaseKind for K {}
+/// `InFlight` as the handler's error `E`: what the closure the expansion passes to
+/// [`AsyncLeaseGuard::guard`] returns, spanned at the handler's return type.
+#[inline]
+pub fn in_flight_error<E: AcceptsInFlight>(in_flight: InFlight) -> E {
+    E::from(in_flight)
+}
 
 /// A handler error that can report an id in flight on another worker (lease mode).
 #[diagnostic::on_unimplemented(
@@ -783,6 +791,46 @@ mod tests {
         }
         assert_eq!(runs, 2);
         assert!(AsyncStore::seen(&store, "a").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn async_lease_guard_returns_in_flight_through_the_given_conversion() {
+        #[derive(Debug, PartialEq)]
+        enum Error {
+            Busy(String),
+        }
+        let store = InMemoryStore::new();
+        let lease = Duration::from_secs(30);
+        let claim = AsyncLeaseStore::claim(&store, "d", lease).await.unwrap();
+        assert!(matches!(claim, crate::lease::Claim::Acquired(_)));
+        let mut runs = 0;
+        let r = AsyncLeaseGuard::<ResultKind<Error>>::guard(
+            &store,
+            GuardKey::from("d"),
+            lease,
+            None,
+            async {
+                runs += 1;
+                Ok(())
+            },
+            || |e: InFlight| Error::Busy(e.id),
+        )
+        .await;
+        assert_eq!(r, Err(Error::Busy("d".to_owned())));
+        assert_eq!(runs, 0, "an id in flight elsewhere does not run the body");
+        let r = AsyncLeaseGuard::<ResultKind<Error>>::guard(
+            &store,
+            GuardKey::from("e"),
+            lease,
+            None,
+            async {
+                runs += 1;
+                Ok(())
+            },
+            || |e: InFlight| Error::Busy(e.id),
+        )
+        .await;
+        assert_eq!((r, runs), (Ok(()), 1));
     }
 
     #[test]

@@ -366,16 +366,27 @@ fn guarded_fn(
     // error lands on `store = ...`, once (rustc drops implied errors at one span).
     let (first, last) = first_last(store);
     let lease_arg = lease.as_ref().map(|l| quote!(#l,));
-    // Lease mode, sync fn: a `PhantomData` of the handler's error type, spanned at the
-    // return type, so an error type that cannot hold `InFlight` (a bound on the guard
-    // method's `E`, inferred from this argument alone) is reported there, not at the
-    // store. (An async guard's `impl Future` repeats its method's bounds, checked at the
-    // call: the async lease guard checks the error type with the store instead.)
+    // Lease mode: an error type that cannot hold `InFlight` is reported at the return
+    // type, once, not at the store.
+    // - sync fn: a `PhantomData` of the handler's error type, spanned at the return type
+    //   (a bound on the guard method's `E`, inferred from this argument alone);
+    // - async fn: the conversion itself, `|| in_flight_error` with the fn spanned at the
+    //   return type (the async guard's `impl Future` would repeat a bound of its method,
+    //   checked at the call, so its method has none on the error type; a closure
+    //   returning the fn as a fn pointer, not the fn item, whose `FnOnce` impl would
+    //   carry the fn's bound to the call, nor `|e| in_flight_error(e)`, which clippy's
+    //   `redundant_closure` would flag in the user's crate).
     let error_arg = match (&lease, &sig.output) {
-        (Some(_), ReturnType::Type(_, t)) if !is_async => {
+        (Some(_), ReturnType::Type(_, t)) => {
             let (rf, rl) = first_last(t);
-            let phantom = respan_range(quote!(::core::marker::PhantomData), rf, rl);
-            quote!(, #phantom)
+            if is_async {
+                let bars = quote_spanned!(rf=> ||);
+                let convert = respan_range(quote!(#private::in_flight_error), rf, rl);
+                quote!(, #bars #convert)
+            } else {
+                let phantom = respan_range(quote!(::core::marker::PhantomData), rf, rl);
+                quote!(, #phantom)
+            }
         }
         _ => TokenStream::new(),
     };
