@@ -475,44 +475,7 @@ where
     S::Error: IntoHandlerError<R::Error>,
     R::Error: From<InFlight>,
 {
-    let Some(key) = key.dedupe_key() else {
-        handler.await.into_result()?;
-        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
-    };
-    let _turn = inflight::consumer_turn(&key).await;
-    let token = match inflight::store_before(&key, store.claim(&key, lease))
-        .await
-        .map_err(IntoHandlerError::into_handler_error)?
-    {
-        Claim::Completed => return Ok(unclaimed(skipped(&key))),
-        Claim::InFlight => {
-            inflight::in_flight_elsewhere(&key);
-            return Err(InFlight {
-                id: key.into_owned(),
-            }
-            .into());
-        }
-        Claim::Acquired(token) => token,
-    };
-    inflight::handler_runs();
-    let (result, lost) = lease::run_renewing_async(store, &key, &token, lease, handler).await;
-    match result {
-        Ok(()) => {
-            let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
-            let fallback = match &completed {
-                Ok(false) => Some(store.remember_for(&key, ttl).await),
-                _ => None,
-            };
-            let lost = settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
-            Ok(leased(done(Outcome::Ran), &token, lost))
-        }
-        Err(e) => {
-            if let Err(err) = store.release(&key, &token).await {
-                release_failed(&key, &err);
-            }
-            Err(e)
-        }
-    }
+    guard_lease_report_async_with(store, key, lease, ttl, handler, R::Error::from).await
 }
 
 /// [`guard_lease_report_async`] with the conversion of [`InFlight`] into the handler's
