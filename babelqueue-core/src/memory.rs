@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 /// The seeded hash of the index and of the shard choice (hashbrown's default, foldhash:
@@ -21,6 +19,11 @@ use crate::fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, L
 use crate::lease::{AsyncLeaseStore, Claim, LeaseStore, LeaseToken};
 use crate::retention::DEFAULT_RETENTION;
 use crate::store::{AsyncStore, Store};
+
+mod clock;
+
+use clock::Clock;
+pub use clock::StoreClock;
 
 /// Capacities below this use one shard, so "oldest first" eviction is exact.
 const EXACT_FIFO_BELOW: usize = 4096;
@@ -73,7 +76,7 @@ pub struct InMemoryStore {
     hasher: RandomState,
     ttl: Option<Duration>,
     per_shard_capacity: Option<usize>,
-    epoch: Instant,
+    clock: Clock,
     /// The last fencing token handed out (one counter for every id: increasing per id).
     fences: AtomicU64,
 }
@@ -85,6 +88,7 @@ pub struct InMemoryStoreBuilder {
     forever: bool,
     capacity: Option<usize>,
     shards: Option<usize>,
+    clock: StoreClock,
 }
 
 impl InMemoryStoreBuilder {
@@ -126,6 +130,22 @@ impl InMemoryStoreBuilder {
         self
     }
 
+    /// The clock TTLs and leases are measured on (default [`StoreClock::Auto`]: tokio's
+    /// when the store is built on a paused tokio runtime, the system's otherwise). Set
+    /// [`StoreClock::Tokio`] for a store that must follow paused time but is built before
+    /// `tokio::time::pause()` or off the runtime.
+    ///
+    /// ```
+    /// use babelqueue_core::{InMemoryStore, memory::StoreClock};
+    /// let store = InMemoryStore::builder().clock(StoreClock::System).build();
+    /// assert_eq!(store.clock(), StoreClock::System);
+    /// ```
+    #[must_use]
+    pub fn clock(mut self, clock: StoreClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> InMemoryStore {
         let shards = match (self.shards, self.capacity) {
@@ -142,7 +162,7 @@ impl InMemoryStoreBuilder {
                 Some(self.ttl.unwrap_or(DEFAULT_RETENTION))
             },
             per_shard_capacity: self.capacity.map(|c| (c / shards).max(1)),
-            epoch: Instant::now(),
+            clock: Clock::new(self.clock),
             fences: AtomicU64::new(0),
         }
     }
@@ -160,6 +180,7 @@ impl std::fmt::Debug for InMemoryStore {
             .field("shards", &self.shards.len())
             .field("ttl", &self.ttl)
             .field("per_shard_capacity", &self.per_shard_capacity)
+            .field("clock", &self.clock.kind())
             .field("len", &self.len())
             .finish()
     }
@@ -171,16 +192,19 @@ enum Key {
     Text(Box<str>),
 }
 
+/// A key as looked up: a UUID as two words (the 16 bytes of [`Key::Uuid`], little-endian),
+/// so that moving it is two aligned 8-byte copies (a `[u8; 16]` next to the tag sat at
+/// offset 1 and was moved in overlapping pieces, which stalled store-to-load forwarding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyRef<'a> {
-    Uuid([u8; 16]),
+    Uuid([u64; 2]),
     Text(&'a str),
 }
 
 impl Key {
     fn as_ref(&self) -> KeyRef<'_> {
         match self {
-            Key::Uuid(b) => KeyRef::Uuid(*b),
+            Key::Uuid(b) => KeyRef::Uuid(uuid_words(b)),
             Key::Text(s) => KeyRef::Text(s),
         }
     }
@@ -191,14 +215,14 @@ impl KeyRef<'_> {
         // Only the canonical lowercase hyphenated form is packed, so two spellings of
         // one UUID stay two ids, as they are in every other store.
         match canonical_uuid(id.as_bytes()) {
-            Some(bytes) => KeyRef::Uuid(bytes),
+            Some(words) => KeyRef::Uuid(words),
             None => KeyRef::Text(id),
         }
     }
 
     fn to_owned(self) -> Key {
         match self {
-            KeyRef::Uuid(b) => Key::Uuid(b),
+            KeyRef::Uuid(w) => Key::Uuid(uuid_bytes(w)),
             KeyRef::Text(s) => Key::Text(s.into()),
         }
     }
@@ -208,7 +232,7 @@ impl KeyRef<'_> {
         // collision, which the index resolves by comparing keys.
         let mut h = state.build_hasher();
         match self {
-            KeyRef::Uuid(b) => h.write_u128(u128::from_le_bytes(b)),
+            KeyRef::Uuid([lo, hi]) => h.write_u128(u128::from(lo) | (u128::from(hi) << 64)),
             KeyRef::Text(s) => {
                 h.write(s.as_bytes());
                 h.write_u8(0xff);
@@ -218,10 +242,27 @@ impl KeyRef<'_> {
     }
 }
 
-/// The 16 bytes of `id` if it is a UUID in the canonical form (36 characters, lowercase
-/// hex digits, hyphens at 8, 13, 18 and 23): the 32 digits are checked and decoded eight
-/// at a time, in a `u64` each (`hex8`), without a branch per digit.
-fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
+/// The 16 bytes of `id`, as two little-endian words ([`uuid_bytes`] spells them), if it is
+/// a UUID in the canonical form (36 characters, lowercase hex digits, hyphens at 8, 13, 18
+/// and 23). The 32 digits are gathered into four eight-digit words, then checked and
+/// decoded sixteen at a time with SSE2 (every x86-64 CPU has it), or eight at a time in a
+/// `u64` elsewhere ([`canonical_uuid_swar`]); either way without a branch per digit.
+#[inline]
+fn canonical_uuid(id: &[u8]) -> Option<[u64; 2]> {
+    let words = uuid_digit_words(id)?;
+    // SAFETY: SSE2, the only feature `decode_sse2` enables, is part of the x86-64
+    // baseline: every x86-64 CPU has it.
+    #[cfg(target_arch = "x86_64")]
+    return unsafe { decode_sse2(words) };
+    #[cfg(not(target_arch = "x86_64"))]
+    return decode_swar(words);
+}
+
+/// The 32 digits of a 36-byte id with hyphens at 8, 13, 18 and 23, as four words of eight
+/// digits (the first digit in the lowest byte): 0..8, 9..13 + 14..18, 19..23 + 24..28,
+/// 28..36. `None` for another length or a missing hyphen.
+#[inline]
+fn uuid_digit_words(id: &[u8]) -> Option<[u64; 4]> {
     let id: &[u8; 36] = id.try_into().ok()?;
     if id[8] != b'-' || id[13] != b'-' || id[18] != b'-' || id[23] != b'-' {
         return None;
@@ -231,22 +272,87 @@ fn canonical_uuid(id: &[u8]) -> Option<[u8; 16]> {
         w.copy_from_slice(&id[at..at + 8]);
         u64::from_le_bytes(w)
     };
-    // The digits in eight-digit words: 0..8, 9..13 + 14..18, 19..23 + 24..28, 28..36.
-    let words = [
+    Some([
         word(0),
         (word(9) & 0xFFFF_FFFF) | (word(14) << 32),
         (word(19) & 0xFFFF_FFFF) | (word(24) << 32),
         word(28),
+    ])
+}
+
+/// [`canonical_uuid`] without SSE2: each eight-digit word decoded and checked by [`hex8`].
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn canonical_uuid_swar(id: &[u8]) -> Option<[u64; 2]> {
+    decode_swar(uuid_digit_words(id)?)
+}
+
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn decode_swar([w0, w1, w2, w3]: [u64; 4]) -> Option<[u64; 2]> {
+    let (a, wrong_a) = hex8(w0);
+    let (b, wrong_b) = hex8(w1);
+    let (c, wrong_c) = hex8(w2);
+    let (d, wrong_d) = hex8(w3);
+    let words = [
+        u64::from(a) | (u64::from(b) << 32),
+        u64::from(c) | (u64::from(d) << 32),
     ];
-    // Decoded and checked word by word, with one branch at the end.
-    let mut out = [0u8; 16];
-    let mut wrong = 0;
-    for (x, bytes) in words.into_iter().zip(out.chunks_exact_mut(4)) {
-        let (decoded, not_digits) = hex8(x);
-        bytes.copy_from_slice(&decoded.to_le_bytes());
-        wrong |= not_digits;
+    (wrong_a | wrong_b | wrong_c | wrong_d == 0).then_some(words)
+}
+
+/// Sixteen digits a vector, in three steps:
+///
+/// 1. check: a byte is a digit when `byte - '0'` is at most 9 or `byte - 'a'` at most 5
+///    (unsigned, by a saturating subtraction that leaves zero);
+/// 2. value: `byte - '0'` for `0-9`, `byte - 'a' + 10` for `a-f`;
+/// 3. pack: each 16-bit lane (first digit low) becomes `first << 4 | second`, and
+///    `packus` narrows the lanes of both vectors to the 16 bytes, in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn decode_sse2([w0, w1, w2, w3]: [u64; 4]) -> Option<[u64; 2]> {
+    use std::arch::x86_64::*;
+    // The intrinsics below only compute on registers.
+    #[target_feature(enable = "sse2")]
+    #[inline]
+    fn lanes(x: __m128i) -> (__m128i, __m128i) {
+        let from_zero = _mm_sub_epi8(x, _mm_set1_epi8(b'0' as i8));
+        let from_a = _mm_sub_epi8(x, _mm_set1_epi8(b'a' as i8));
+        let is_digit = _mm_cmpeq_epi8(
+            _mm_subs_epu8(from_zero, _mm_set1_epi8(9)),
+            _mm_setzero_si128(),
+        );
+        let is_letter =
+            _mm_cmpeq_epi8(_mm_subs_epu8(from_a, _mm_set1_epi8(5)), _mm_setzero_si128());
+        let values = _mm_or_si128(
+            _mm_and_si128(is_digit, from_zero),
+            _mm_and_si128(is_letter, _mm_add_epi8(from_a, _mm_set1_epi8(10))),
+        );
+        let packed = _mm_or_si128(
+            _mm_slli_epi16(_mm_and_si128(values, _mm_set1_epi16(0x00FF)), 4),
+            _mm_srli_epi16(values, 8),
+        );
+        (packed, _mm_or_si128(is_digit, is_letter))
     }
-    (wrong == 0).then_some(out)
+    let (first, ok_first) = lanes(_mm_set_epi64x(w1 as i64, w0 as i64));
+    let (second, ok_second) = lanes(_mm_set_epi64x(w3 as i64, w2 as i64));
+    if _mm_movemask_epi8(_mm_and_si128(ok_first, ok_second)) != 0xFFFF {
+        return None;
+    }
+    let bytes = _mm_packus_epi16(first, second);
+    let lo = _mm_cvtsi128_si64(bytes) as u64;
+    let hi = _mm_cvtsi128_si64(_mm_unpackhi_epi64(bytes, bytes)) as u64;
+    Some([lo, hi])
+}
+
+/// The 16 bytes a UUID's two words stand for.
+fn uuid_bytes([lo, hi]: [u64; 2]) -> [u8; 16] {
+    (u128::from(lo) | (u128::from(hi) << 64)).to_le_bytes()
+}
+
+/// The two words of a UUID's 16 bytes (the inverse of [`uuid_bytes`]).
+fn uuid_words(bytes: &[u8; 16]) -> [u64; 2] {
+    let n = u128::from_le_bytes(*bytes);
+    [n as u64, (n >> 64) as u64]
 }
 
 /// Eight lowercase hex digits, the first in the lowest byte of `x`, as the four bytes they
@@ -314,9 +420,21 @@ impl Shard {
         let Shard {
             ring, base, index, ..
         } = self;
-        index
-            .find(hash, |&low| ring[slot(*base, low)].key.as_ref() == key)
-            .map(|&low| *base + slot(*base, low) as u64)
+        // One comparison per kind of key, so a UUID's probe compares 16 bytes inline.
+        let found = match key {
+            KeyRef::Uuid(words) => {
+                let bytes = uuid_bytes(words);
+                index.find(
+                    hash,
+                    |&low| matches!(&ring[slot(*base, low)].key, Key::Uuid(b) if *b == bytes),
+                )
+            }
+            KeyRef::Text(text) => index.find(
+                hash,
+                |&low| matches!(&ring[slot(*base, low)].key, Key::Text(t) if **t == *text),
+            ),
+        };
+        found.map(|&low| *base + slot(*base, low) as u64)
     }
 
     fn remove_index(&mut self, hash: u64, seq: u64) {
@@ -335,17 +453,18 @@ impl Shard {
 
     /// Whether `key` is live at `now`; drops it when expired.
     fn seen(&mut self, hash: u64, key: KeyRef<'_>, now: u64) -> bool {
-        self.seen_at(hash, key, || now)
+        self.seen_at(hash, key, |expires| now < expires)
     }
 
-    /// [`seen`](Self::seen), reading the clock (`now`) only for an entry that may have
-    /// expired: a key that is not there, or never expires, needs no time.
-    fn seen_at(&mut self, hash: u64, key: KeyRef<'_>, now: impl FnOnce() -> u64) -> bool {
+    /// [`seen`](Self::seen), asking the clock (`before`: whether it has not yet reached a
+    /// deadline) only for an entry that may have expired: a key that is not there, or
+    /// never expires, needs no time.
+    fn seen_at(&mut self, hash: u64, key: KeyRef<'_>, before: impl FnOnce(u64) -> bool) -> bool {
         let Some(seq) = self.find(hash, key) else {
             return false;
         };
         let expires = self.entry(seq).expires;
-        if expires == NEVER || now() < expires {
+        if expires == NEVER || before(expires) {
             return true;
         }
         self.entry(seq).expires = DEAD;
@@ -483,9 +602,20 @@ impl InMemoryStore {
         self.insert(id, None)
     }
 
+    /// The clock this store measures TTLs and leases on: [`StoreClock::System`] or
+    /// [`StoreClock::Tokio`] (what [`StoreClock::Auto`] chose when it was built).
+    ///
+    /// ```
+    /// use babelqueue_core::{InMemoryStore, memory::StoreClock};
+    /// assert_eq!(InMemoryStore::new().clock(), StoreClock::System);
+    /// ```
+    pub fn clock(&self) -> StoreClock {
+        self.clock.kind()
+    }
+
     fn now(&self) -> u64 {
         // +1 so that no deadline is ever NEVER (0).
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+        self.clock.now()
     }
 
     fn deadline(&self, now: u64, ttl: Option<Duration>) -> u64 {
@@ -528,11 +658,15 @@ impl InMemoryStore {
         };
         let hash = key.hash_with(&self.hasher);
         // The clock is read under the shard's lock, and only when an entry was found:
-        // a first delivery's `seen` reads no time.
+        // a first delivery's `seen` reads no time, and a duplicate far from its deadline
+        // only the coarse clock (`Clock::before`).
         let mut shard = self.shard(hash);
-        let seen = shard.seen_at(hash, key, || self.now())
+        let seen = shard.seen_at(hash, key, |expires| self.clock.before(expires))
             || (!shard.inflight.is_empty()
-                && shard.inflight.get(id).is_some_and(|(_, d)| self.now() < *d));
+                && shard
+                    .inflight
+                    .get(id)
+                    .is_some_and(|(_, d)| self.clock.before(*d)));
         drop(shard);
         if !seen {
             note_unseen(id, key);
@@ -681,7 +815,7 @@ thread_local! {
     /// the guard's `remember` of a first delivery follows with the same id, and finds it
     /// here instead of decoding it again. (A pure function's last result, keyed by its
     /// whole input: it cannot be stale.)
-    static LAST_UNSEEN_UUID: Cell<Option<([u8; 36], [u8; 16])>> = const { Cell::new(None) };
+    static LAST_UNSEEN_UUID: Cell<Option<([u8; 36], [u64; 2])>> = const { Cell::new(None) };
 }
 
 /// Notes that `seen` did not find `key` (spelled `id`), for [`storable_key_to_remember`].
@@ -856,18 +990,45 @@ mod tests {
 
     const U1: &str = "f1e2d3c4-b5a6-4789-90ab-cdef01234567";
 
+    /// `canonical_uuid`, as the 16 bytes its words stand for; checked against the
+    /// portable decoder on every call, so both are tested on x86-64.
+    fn canonical_uuid_bytes(id: &[u8]) -> Option<[u8; 16]> {
+        let fast = canonical_uuid(id);
+        assert_eq!(
+            fast,
+            canonical_uuid_swar(id),
+            "{:?}",
+            String::from_utf8_lossy(id)
+        );
+        fast.map(uuid_bytes)
+    }
+
+    #[test]
+    fn uuid_words_and_bytes_are_inverses() {
+        for _ in 0..100 {
+            let u = uuid::Uuid::new_v4();
+            assert_eq!(uuid_bytes(uuid_words(u.as_bytes())), *u.as_bytes());
+        }
+    }
+
     #[test]
     fn canonical_uuid_parses_exactly_the_canonical_form() {
         for _ in 0..200 {
             let u = uuid::Uuid::new_v4();
             let id = u.to_string();
-            assert_eq!(canonical_uuid(id.as_bytes()), Some(*u.as_bytes()));
-            assert_eq!(canonical_uuid(id.to_uppercase().as_bytes()), None);
-            assert_eq!(canonical_uuid(u.simple().to_string().as_bytes()), None);
-            assert_eq!(canonical_uuid(u.braced().to_string().as_bytes()), None);
+            assert_eq!(canonical_uuid_bytes(id.as_bytes()), Some(*u.as_bytes()));
+            assert_eq!(canonical_uuid_bytes(id.to_uppercase().as_bytes()), None);
+            assert_eq!(
+                canonical_uuid_bytes(u.simple().to_string().as_bytes()),
+                None
+            );
+            assert_eq!(
+                canonical_uuid_bytes(u.braced().to_string().as_bytes()),
+                None
+            );
         }
         assert_eq!(
-            canonical_uuid(b"00000000-0000-0000-0000-000000000000"),
+            canonical_uuid_bytes(b"00000000-0000-0000-0000-000000000000"),
             Some([0; 16])
         );
         for bad in [
@@ -878,7 +1039,7 @@ mod tests {
             "f1e2d3c4-b5a6-4789-90ab-cdef0123456é",
             "-1e2d3c4-b5a6-4789-90ab-cdef01234567",
         ] {
-            assert_eq!(canonical_uuid(bad.as_bytes()), None, "{bad}");
+            assert_eq!(canonical_uuid_bytes(bad.as_bytes()), None, "{bad}");
         }
     }
 
@@ -918,16 +1079,16 @@ mod tests {
         ];
         for id in &ids {
             assert_eq!(
-                canonical_uuid(id.as_bytes()),
+                canonical_uuid_bytes(id.as_bytes()),
                 canonical_uuid_reference(id.as_bytes())
             );
-            assert!(canonical_uuid(id.as_bytes()).is_some(), "{id}");
+            assert!(canonical_uuid_bytes(id.as_bytes()).is_some(), "{id}");
             for at in 0..36 {
                 for b in 0..=255u8 {
                     let mut bytes = id.clone().into_bytes();
                     bytes[at] = b;
                     assert_eq!(
-                        canonical_uuid(&bytes),
+                        canonical_uuid_bytes(&bytes),
                         canonical_uuid_reference(&bytes),
                         "{id} with byte {b:#04x} at {at}"
                     );
@@ -935,7 +1096,7 @@ mod tests {
             }
         }
         for len in [0, 35, 37] {
-            assert_eq!(canonical_uuid(&vec![b'0'; len]), None);
+            assert_eq!(canonical_uuid_bytes(&vec![b'0'; len]), None);
         }
     }
 
