@@ -58,6 +58,12 @@ const RING_LIMIT: usize = if cfg!(test) { 128 } else { u32::MAX as usize };
 ///   ids** (`cargo bench --bench memory_per_id`), against 88.4 bytes for a
 ///   `HashSet<String>` of the same ids in the same run. Other ids are stored as a
 ///   `Box<str>` (plus their length on the heap).
+/// * **Clock** ([`StoreClock`]): TTLs and leases are measured on the system's monotonic
+///   clock, and a duplicate far (over 50 ms) from its deadline is confirmed from the
+///   kernel's coarse clock, without an exact read. Built on a tokio runtime whose clock is
+///   paused (`#[tokio::test(start_paused = true)]`), the store follows tokio's clock
+///   instead, so `tokio::time::advance` expires its ids; [`InMemoryStoreBuilder::clock`]
+///   chooses explicitly.
 ///
 /// ```
 /// use std::time::Duration;
