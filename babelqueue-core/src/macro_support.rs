@@ -262,20 +262,55 @@ macro_rules! guard_trait {
             K: $kind_bound,
             S: $fits<K>,
         {
-            async fn guard<Q, Fut>(
+            #[inline]
+            fn guard<Q, Fut>(
                 &self,
                 key: Q,
                 ttl: Option<Duration>,
                 body: Fut,
-            ) -> K::Ret
+            ) -> impl Future<Output = K::Ret>
             where
                 Q: DedupeKey,
                 Fut: Future<Output = K::Ret>,
             {
-                K::from_guard($run(self, key, ttl, body).await)
+                // The guard's future itself, its output mapped in place: no `async` layer
+                // around it that would move the body's future once more.
+                FromGuard::<_, K> {
+                    fut: $run(self, key, ttl, body),
+                    _kind: PhantomData,
+                }
             }
         }
     };
+}
+
+/// The future of [`AsyncGuard::guard`]: the guard's future, its output turned into the
+/// handler's return value by [`ReturnKind::from_guard`].
+struct FromGuard<F, K> {
+    /// Structurally pinned: never moved out, no `Drop` impl.
+    fut: F,
+    _kind: PhantomData<fn() -> K>,
+}
+
+impl<F, K> Future for FromGuard<F, K>
+where
+    F: Future<Output = Result<Outcome, K::Error>>,
+    K: ReturnKind,
+{
+    type Output = K::Ret;
+
+    #[inline]
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<K::Ret> {
+        // SAFETY: `fut` is structurally pinned: nothing moves it out of a pinned
+        // `FromGuard` (no method gives it out, there is no `Drop` impl), and `FromGuard`
+        // is `Unpin` only when `fut` is.
+        unsafe { self.map_unchecked_mut(|this| &mut this.fut) }
+            .poll(cx)
+            .map(K::from_guard)
+    }
 }
 
 guard_trait! {
