@@ -255,6 +255,23 @@ mod tests {
         );
     }
 
+    /// What the coarse check relies on: the coarse clock's reading is never ahead of the
+    /// exact clock's, and not far behind it.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn the_coarse_clock_is_never_ahead_of_the_exact_one() {
+        for _ in 0..100_000 {
+            let coarse = monotonic_ns(libc::CLOCK_MONOTONIC_COARSE);
+            let exact = monotonic_ns(libc::CLOCK_MONOTONIC);
+            assert!(coarse > 0 && exact > 0, "a clock read failed");
+            assert!(coarse <= exact, "coarse {coarse} ahead of exact {exact}");
+            assert!(
+                exact - coarse < 1_000_000_000,
+                "coarse {coarse}, exact {exact}"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_tokio_clock_follows_paused_time() {
         let clock = Clock::new(StoreClock::Tokio);
