@@ -552,7 +552,7 @@ mod tests {
         assert_eq!(reconcile_attempts(2, Some(b"-0")), 0);
         assert_eq!(reconcile_attempts(2, Some(b"4294967296")), u32::MAX);
         assert_eq!(reconcile_attempts(2, Some(&[b'9'; 80])), u32::MAX);
-        assert_eq!(reconcile_attempts(2, Some(&[b'-', b'9', b'9'])), 2);
+        assert_eq!(reconcile_attempts(2, Some(b"-99")), 2);
     }
 
     #[test]
