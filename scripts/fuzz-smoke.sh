@@ -31,7 +31,7 @@ for t in "${targets[@]}"; do
     failed+=("$t")
     tail -n 40 "$log"
   fi
-  runs="$(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1 | awk '{print $2, $5}')"
+  runs="$(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1 | awk '{print $2, $5}' || true)"
   n="${runs% *}"; s="${runs#* }"
   if [[ -n "$n" && -n "$s" && "$s" -gt 0 ]]; then rate=$((n / s)); else rate="?"; fi
   summary+=("$(printf '%-12s %-6s runs=%-10s secs=%-4s runs/s=%s' "$t" "$status" "${n:-?}" "${s:-?}" "$rate")")
