@@ -28,7 +28,10 @@ fuzz_target!(|data: &[u8]| {
         if !env.meta.extra.contains_key("created_at") {
             let canon = env.encode();
             assert_eq!(amqp::project_body(&canon), Some(amqp::project(&env)));
-            assert_eq!(sqs::project_body(&canon), Some(sqs::message_attributes(&env)));
+            assert_eq!(
+                sqs::project_body(&canon),
+                Some(sqs::message_attributes(&env))
+            );
             assert_eq!(
                 kafka::project_body(&canon),
                 Some(kafka::Record {
@@ -50,7 +53,10 @@ fuzz_target!(|data: &[u8]| {
 
         assert!(sqs::reconcile_attempts(body, Some(&text)) >= body);
         assert_eq!(sqs::reconcile_attempts(body, None), body);
-        assert_eq!(asb::reconcile_attempts(body, count), body.max(count.saturating_sub(1)));
+        assert_eq!(
+            asb::reconcile_attempts(body, count),
+            body.max(count.saturating_sub(1))
+        );
         assert_eq!(pulsar::reconcile_attempts(body, count), body.max(count));
         assert_eq!(artemis::reconcile_attempts(body, count), body.max(count));
         assert!(pulsar::reconcile_attempts_with_property(body, Some(&text), count) >= count);

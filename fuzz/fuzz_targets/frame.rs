@@ -12,7 +12,10 @@ fuzz_target!(|data: &[u8]| {
         None => assert_eq!(&body[..], data, "a non-frame element is its own body"),
         Some((headers, inner)) => {
             assert_eq!(&body[..], &inner[..]);
-            assert!(std::str::from_utf8(&inner).is_ok(), "a frame body is a JSON string");
+            assert!(
+                std::str::from_utf8(&inner).is_ok(),
+                "a frame body is a JSON string"
+            );
             let element = encode_element(&inner, Some(&headers)).expect("UTF-8 body");
             if headers.is_empty() {
                 assert_eq!(element, inner, "no headers: the element is the body");

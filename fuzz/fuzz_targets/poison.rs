@@ -19,6 +19,9 @@ fuzz_target!(|data: &[u8]| {
     let record: Value = serde_json::from_slice(&dlq).expect("a poison record is JSON");
     assert_eq!(record["dead_letter"]["reason"], "poison", "{record}");
     if let Some(original) = recover_poison(&dlq) {
-        assert_eq!(original, data, "recover_poison returned other bytes than the original");
+        assert_eq!(
+            original, data,
+            "recover_poison returned other bytes than the original"
+        );
     }
 });
