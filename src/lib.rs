@@ -20,6 +20,10 @@
 
 pub use babelqueue_core::*;
 
+/// The seven broker bindings' projections and attempts rules (`babelqueue_core::binding`).
+#[doc(inline)]
+pub use babelqueue_core::binding;
+
 #[doc(inline)]
 pub use babelqueue_macros::idempotent;
 

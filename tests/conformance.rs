@@ -65,11 +65,9 @@ fn main() -> ExitCode {
         for key in obj.keys() {
             let note = match key.as_str() {
                 "schema_version" | "description" | "cases" | "idempotency" => continue,
-                "redis" => "run by tests/redis_transport.rs (needs a Redis server)",
-                "payload_schema" => {
-                    "not run: this SDK has no payload validator (optional, ADR-0024)"
-                }
-                _ => "not run: this SDK has no such transport",
+                k if BINDING_BLOCKS.contains(&k) => "run against babelqueue::binding",
+                "payload_schema" => PAYLOAD_SCHEMA_NOTE,
+                _ => "not run: unknown block (this runner does not know it)",
             };
             eprintln!("conformance: block `{key}`: {note}");
         }
@@ -128,8 +126,25 @@ fn trials(dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
             ));
         }
     }
+    out.extend(bindings::trials(dir, manifest)?);
+    out.extend(payload_schema_trials(dir, manifest)?);
     Ok(out)
 }
+
+/// What the run says about the `payload_schema` block while this SDK has no validator.
+const PAYLOAD_SCHEMA_NOTE: &str =
+    "not run: this SDK has no payload validator yet (optional, ADR-0024)";
+
+/// The `payload_schema` block (ADR-0024): one trial per case once the SDK has a payload
+/// validator. Wire it here; today it adds none (see [`PAYLOAD_SCHEMA_NOTE`]).
+fn payload_schema_trials(_dir: &Path, _manifest: &Value) -> Result<Vec<Trial>, String> {
+    Ok(Vec::new())
+}
+
+/// The manifest blocks of the broker bindings, each run by [`bindings::trials`].
+const BINDING_BLOCKS: [&str; 7] = [
+    "rabbitmq", "sqs", "asb", "pulsar", "kafka", "artemis", "redis",
+];
 
 fn fail(msg: impl Into<String>) -> Failed {
     Failed::from(msg.into())
@@ -370,4 +385,321 @@ fn sequence_async(seq: &Value) -> Result<(), Failed> {
         }
         Ok(())
     })
+}
+
+/// The broker bindings' blocks (`rabbitmq`, `sqs`, `asb`, `pulsar`, `kafka`, `artemis`,
+/// `redis`), run against `babelqueue::binding`: one trial per projection and per
+/// reconciliation case, named `<block>::<sub-block>[::<case>]`. A sub-block this runner
+/// does not know becomes a failing trial, so nothing in a binding block is skipped.
+mod bindings {
+    use std::path::Path;
+
+    use babelqueue::Envelope;
+    use babelqueue::binding::{amqp, artemis, asb, kafka, pulsar, redis, sqs};
+    use libtest_mimic::{Failed, Trial};
+    use serde_json::{Map, Value, json};
+
+    use super::{BINDING_BLOCKS, check_eq, fail, read};
+
+    type Check = fn(&Path, &Value) -> Result<(), Failed>;
+
+    /// The projection sub-block of each binding and its check.
+    const PROJECTIONS: [(&str, &str, Check); 7] = [
+        ("rabbitmq", "property_projection", rabbitmq_projection),
+        ("sqs", "attribute_projection", sqs_projection),
+        ("asb", "property_projection", asb_projection),
+        ("pulsar", "property_projection", pulsar_projection),
+        ("kafka", "property_projection", kafka_projection),
+        ("artemis", "property_projection", artemis_projection),
+        ("redis", "payload_identity", redis_payload_identity),
+    ];
+
+    pub(super) fn trials(dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
+        let mut out = Vec::new();
+        for block in BINDING_BLOCKS {
+            let Some(obj) = manifest.get(block) else {
+                continue;
+            };
+            let obj = obj
+                .as_object()
+                .ok_or_else(|| format!("block `{block}` is not an object"))?;
+            for (sub, value) in obj {
+                if sub == "description" {
+                    continue;
+                }
+                if let Some((_, _, check)) =
+                    PROJECTIONS.iter().find(|(b, s, _)| *b == block && s == sub)
+                {
+                    let (dir, value, check) = (dir.to_owned(), value.clone(), *check);
+                    out.push(Trial::test(format!("{block}::{sub}"), move || {
+                        check(&dir, &value)
+                    }));
+                } else if sub == "attempts_reconciliation"
+                    && block != "redis"
+                    && block != "rabbitmq"
+                {
+                    let cases = value["cases"]
+                        .as_array()
+                        .ok_or_else(|| format!("`{block}.{sub}` has no cases"))?;
+                    for case in cases {
+                        let name = case["name"]
+                            .as_str()
+                            .ok_or_else(|| format!("a case of `{block}.{sub}` has no name"))?;
+                        let case = case.clone();
+                        out.push(Trial::test(format!("{block}::{sub}::{name}"), move || {
+                            reconciliation(block, &case)
+                        }));
+                    }
+                } else {
+                    let (b, s) = (block, sub.clone());
+                    out.push(Trial::test(format!("{block}::{sub}"), move || {
+                        Err(fail(format!(
+                            "`{b}.{s}` is a sub-block this runner does not know: teach it"
+                        )))
+                    }));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn fixture(dir: &Path, block: &Value) -> Result<(Vec<u8>, Envelope), Failed> {
+        let bytes = read(dir, &block["envelope_file"])?;
+        let env = Envelope::decode(&bytes).map_err(|e| fail(format!("fixture rejected: {e}")))?;
+        Ok((bytes, env))
+    }
+
+    /// `got` must have exactly the keys and (typed) values of `want`.
+    fn same_object(what: &str, got: &Map<String, Value>, want: &Value) -> Result<(), Failed> {
+        let want = want
+            .as_object()
+            .ok_or_else(|| fail(format!("manifest `{what}` is not an object")))?;
+        for (k, v) in want {
+            match got.get(k) {
+                Some(g) => check_eq(&format!("{what}.{k}"), g, v)?,
+                None => return Err(fail(format!("{what}: `{k}` is missing (got {got:?})"))),
+            }
+        }
+        if let Some(extra) = got.keys().find(|k| !want.contains_key(*k)) {
+            return Err(fail(format!("{what}: `{extra}` is not in the manifest")));
+        }
+        Ok(())
+    }
+
+    fn typed(v: &amqp::HeaderValue) -> Value {
+        match v {
+            amqp::HeaderValue::Int(i) => json!(i),
+            amqp::HeaderValue::Str(s) => json!(s),
+        }
+    }
+
+    fn strings<'a>(
+        pairs: impl IntoIterator<Item = &'a (&'static str, String)>,
+    ) -> Map<String, Value> {
+        pairs
+            .into_iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect()
+    }
+
+    /// The lenient projection of the fixture's raw bytes must equal the typed one.
+    fn lenient_agrees<T: PartialEq + std::fmt::Debug>(
+        typed: &T,
+        lenient: Option<T>,
+    ) -> Result<(), Failed> {
+        match lenient {
+            Some(l) if &l == typed => Ok(()),
+            other => Err(fail(format!(
+                "project_body of the fixture bytes gives {other:?}, project gives {typed:?}"
+            ))),
+        }
+    }
+
+    fn rabbitmq_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let p = amqp::project(&env);
+        let props: Map<String, Value> = [
+            ("type", json!(p.kind)),
+            ("correlation_id", json!(p.correlation_id)),
+            ("message_id", json!(p.message_id)),
+            ("app_id", json!(p.app_id)),
+            ("content_type", json!(p.content_type)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        same_object("properties", &props, &block["properties"])?;
+        let headers: Map<String, Value> = p
+            .headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), typed(v)))
+            .collect();
+        same_object("headers", &headers, &block["headers"])?;
+        if p.delivery_mode != 2 {
+            return Err(fail(format!(
+                "delivery_mode {} is not persistent (2)",
+                p.delivery_mode
+            )));
+        }
+        lenient_agrees(&p, amqp::project_body(&bytes))
+    }
+
+    fn sqs_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let attrs = sqs::message_attributes(&env);
+        let got: Map<String, Value> = attrs
+            .iter()
+            .map(|(k, a)| {
+                (
+                    (*k).to_owned(),
+                    json!({"DataType": a.data_type, "StringValue": a.string_value}),
+                )
+            })
+            .collect();
+        same_object("message_attributes", &got, &block["message_attributes"])?;
+        lenient_agrees(&attrs, sqs::project_body(&bytes))
+    }
+
+    fn asb_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let m = asb::project(&env);
+        let message: Map<String, Value> = [
+            ("subject", json!(m.subject)),
+            ("correlation_id", json!(m.correlation_id)),
+            ("message_id", json!(m.message_id)),
+            ("content_type", json!(m.content_type)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        same_object("message", &message, &block["message"])?;
+        let props: Map<String, Value> = m
+            .application_properties
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), typed(v)))
+            .collect();
+        same_object(
+            "application_properties",
+            &props,
+            &block["application_properties"],
+        )?;
+        lenient_agrees(&m, asb::project_body(&bytes))
+    }
+
+    fn pulsar_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let props = pulsar::properties(&env);
+        same_object("properties", &strings(&props), &block["properties"])?;
+        lenient_agrees(&props, pulsar::project_body(&bytes))
+    }
+
+    fn kafka_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let headers = kafka::headers(&env);
+        same_object("headers", &strings(&headers), &block["headers"])?;
+        // "the record timestamp mirrors meta.created_at (Unix ms)"
+        let created_at = env.meta.created_at;
+        if kafka::timestamp_ms(&env) != Some(created_at) {
+            return Err(fail(format!(
+                "record timestamp {:?}, meta.created_at {created_at}",
+                kafka::timestamp_ms(&env)
+            )));
+        }
+        let record = kafka::Record {
+            headers,
+            timestamp_ms: Some(created_at),
+        };
+        lenient_agrees(&record, kafka::project_body(&bytes))
+    }
+
+    fn artemis_projection(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let (bytes, env) = fixture(dir, block)?;
+        let p = artemis::project(&env);
+        check_eq(
+            "jms_type_annotation",
+            &json!(artemis::JMS_TYPE_ANNOTATION),
+            &block["jms_type_annotation"],
+        )?;
+        check_eq("jms_type", &json!(p.jms_type), &block["jms_type"])?;
+        check_eq(
+            "correlation_id",
+            &json!(p.correlation_id),
+            &block["correlation_id"],
+        )?;
+        same_object("properties", &strings(&p.properties), &block["properties"])?;
+        // "creation-time = meta.created_at (JMSTimestamp, Unix ms)"
+        if p.creation_time_ms != Some(env.meta.created_at) {
+            return Err(fail(format!(
+                "creation-time {:?}, meta.created_at {}",
+                p.creation_time_ms, env.meta.created_at
+            )));
+        }
+        lenient_agrees(&p, artemis::project_body(&bytes))
+    }
+
+    fn redis_payload_identity(dir: &Path, block: &Value) -> Result<(), Failed> {
+        let bytes = read(dir, &block["envelope_file"])?;
+        // produce: the element is the envelope, byte for byte (no headers, no frame) ...
+        let element = redis::encode_element(&bytes, None)
+            .map_err(|e| fail(format!("encode_element: {e}")))?;
+        if element != bytes {
+            return Err(fail("the list element is not the envelope byte for byte"));
+        }
+        // ... and reserve hands the same bytes back, unwrapped and unchanged.
+        if redis::unframe(&element).is_some() {
+            return Err(fail("a bare envelope was read as a header frame"));
+        }
+        if redis::element_body(&element).as_ref() != &bytes[..] {
+            return Err(fail("the reserved body differs from the produced bytes"));
+        }
+        Envelope::decode(&redis::element_body(&element))
+            .map(|_| ())
+            .map_err(|e| {
+                fail(format!(
+                    "the reserved body is not an accepted envelope: {e}"
+                ))
+            })
+    }
+
+    fn u32_field(case: &Value, key: &str) -> Result<u32, Failed> {
+        case[key]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| fail(format!("`{key}` is not a u32: {}", case[key])))
+    }
+
+    fn reconciliation(block: &str, case: &Value) -> Result<(), Failed> {
+        let body = u32_field(case, "body_attempts")?;
+        let want = u32_field(case, "expected_attempts")?;
+        let got = match block {
+            "sqs" => {
+                let count = &case["approximate_receive_count"];
+                match count {
+                    Value::Null => sqs::reconcile_attempts(body, None),
+                    Value::String(s) => sqs::reconcile_attempts(body, Some(s)),
+                    other => return Err(fail(format!("approximate_receive_count {other}"))),
+                }
+            }
+            "asb" => asb::reconcile_attempts(body, u32_field(case, "delivery_count")?),
+            "pulsar" => pulsar::reconcile_attempts(body, u32_field(case, "redelivery_count")?),
+            "artemis" => artemis::reconcile_attempts(body, u32_field(case, "delivery_count")?),
+            "kafka" => {
+                // Kafka headers are bytes: the manifest's number travels as its decimal text.
+                let header = match &case["header_attempts"] {
+                    Value::Null => None,
+                    Value::Number(n) => Some(n.to_string()),
+                    Value::String(s) => Some(s.clone()),
+                    other => return Err(fail(format!("header_attempts {other}"))),
+                };
+                kafka::reconcile_attempts(body, header.as_deref().map(str::as_bytes))
+            }
+            other => return Err(fail(format!("no reconciliation rule for `{other}`"))),
+        };
+        if got != want {
+            return Err(fail(format!(
+                "attempts {got}, expected {want} (case {case})"
+            )));
+        }
+        Ok(())
+    }
 }

@@ -26,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod binding;
 pub mod dyn_store;
 pub mod envelope;
 pub mod extract;
