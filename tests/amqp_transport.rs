@@ -154,7 +154,10 @@ async fn out_of_band_headers_ride_the_header_table() {
     let got = raw_get(&ch, &queue).await.unwrap().delivery;
     assert_eq!(got.data, body);
     let table = got.properties.headers().as_ref().unwrap().inner().clone();
-    assert_eq!(table.get("x-attempts"), Some(&AMQPValue::LongLongInt(2)));
+    assert!(
+        matches!(table.get("x-attempts"), Some(AMQPValue::LongInt(2) | AMQPValue::LongLongInt(2))),
+        "{table:?}"
+    );
     assert_eq!(
         table.get("x-babelqueue-releases"),
         Some(&AMQPValue::LongLongInt(3))

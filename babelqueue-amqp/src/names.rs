@@ -10,7 +10,7 @@ pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DELAY_QUEUE_GRACE: Duration = Duration::from_secs(60);
 
 /// Mantissas of the delay buckets, in hundredths: every decade of milliseconds has the
-/// buckets 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 (those that are whole milliseconds).
+/// buckets 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 (rounded up to whole milliseconds).
 const MANTISSAS: [u64; 10] = [100, 125, 150, 200, 250, 300, 400, 500, 600, 800];
 
 /// The dead-letter queue of `queue` as every SDK of the family names it: `<queue>.dlq`.
@@ -23,9 +23,9 @@ pub fn dead_letter_queue(queue: &str) -> String {
 }
 
 /// The delay bucket a requeue after `delay` goes to: `delay` rounded **up** to the next
-/// bucket of the series 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10ⁿ ms (whole milliseconds;
-/// at most 25 % longer than asked, about ten buckets a decade so a queue has few delay
-/// queues whatever the jitter), at least 1 ms and at most [`MAX_DELAY`].
+/// bucket of the series 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10ⁿ ms (rounded up to whole
+/// milliseconds; at most a third longer than asked, about ten buckets a decade, so a
+/// queue has few delay queues whatever the jitter), at least 1 ms and at most [`MAX_DELAY`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -43,11 +43,7 @@ pub fn delay_bucket(delay: Duration) -> Duration {
     let mut decade: u64 = 1;
     loop {
         for m in MANTISSAS {
-            let scaled = m * decade;
-            if scaled % 100 != 0 {
-                continue;
-            }
-            let bucket = scaled / 100;
+            let bucket = (m * decade).div_ceil(100);
             if bucket >= ms {
                 return Duration::from_millis(bucket.min(max_ms));
             }
@@ -96,12 +92,12 @@ mod tests {
     }
 
     #[test]
-    fn buckets_round_up_by_at_most_a_quarter() {
+    fn buckets_round_up_by_at_most_a_third() {
         for n in 1..200_000u64 {
             let b = delay_bucket(ms(n)).as_millis() as u64;
             assert!(b >= n, "{n} -> {b}");
-            // Below 10 ms the buckets are whole milliseconds: 4/3 at most (3 -> 4).
-            let limit = if n < 10 { n * 4 / 3 + 1 } else { n + n / 4 };
+            // 3 -> 4 and 6 -> 8 are the widest steps of the series.
+            let limit = n + n.div_ceil(3);
             assert!(b <= limit, "{n} -> {b}");
         }
     }
@@ -112,8 +108,8 @@ mod tests {
             .map(|n| delay_bucket(ms(n)).as_millis() as u64)
             .collect();
         all.dedup();
-        // 1..=10 ms: 1,2,3,4,5,6,8,10; then ten a decade.
-        assert!(all.len() <= 45, "{} buckets: {all:?}", all.len());
+        // 1..=10 ms: 1,2,3,4,5,6,8,10; then ten a decade up to 100 s.
+        assert_eq!(all.len(), 48, "{} buckets: {all:?}", all.len());
         assert_eq!(&all[..8], &[1, 2, 3, 4, 5, 6, 8, 10]);
         assert!(all.contains(&125) && all.contains(&1250) && all.contains(&30_000));
     }
