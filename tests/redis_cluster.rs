@@ -16,7 +16,7 @@ use babelqueue::redis::{
     RedisConnection, RedisStore, RedisStoreError, RedisTransport, consumer_processing_list,
     consumers_registry, delayed_set, hash_slot, heartbeat_key, recoveries_hash,
 };
-use babelqueue::runtime::{RetryPolicy, Transport};
+use babelqueue::runtime::{ListMaintenance, RetryPolicy, Transport};
 use babelqueue::{App, AsyncStore, Envelope, guard_async};
 use fleet_support::RedisServer;
 use serde_json::json;

@@ -12,7 +12,7 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::redis::{
     RedisTransport, consumer_processing_list, consumers_registry, delayed_set, recoveries_hash,
 };
-use babelqueue::runtime::Transport;
+use babelqueue::runtime::{ListMaintenance, Republish, Transport};
 use fleet_support::{QueueGuard, RedisServer, raw, shared_url};
 
 async fn consumer(id: &str) -> RedisTransport {
@@ -74,9 +74,13 @@ async fn a_delayed_requeue_waits_in_the_delayed_set_then_comes_back() {
     t.publish_raw(&q.name, b"orig".to_vec()).await.unwrap();
     let d = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
     let start = std::time::Instant::now();
-    t.requeue(&d, b"retry-1".to_vec(), Duration::from_millis(300))
-        .await
-        .unwrap();
+    t.requeue(
+        &d,
+        Republish::with_body(b"retry-1".to_vec()),
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap();
     assert_eq!(t.processing_len(&q.name).await.unwrap(), 0);
     assert_eq!(t.delayed_len(&q.name).await.unwrap(), 1);
     assert_eq!(t.len(&q.name).await.unwrap(), 0);
@@ -106,9 +110,13 @@ async fn a_delayed_requeue_waits_in_the_delayed_set_then_comes_back() {
     assert_eq!(t.next_due(&q.name).await.unwrap(), None);
     // Delay zero: straight to the tail of the queue.
     t.publish_raw(&q.name, b"other".to_vec()).await.unwrap();
-    t.requeue(&back, b"retry-2".to_vec(), Duration::ZERO)
-        .await
-        .unwrap();
+    t.requeue(
+        &back,
+        Republish::with_body(b"retry-2".to_vec()),
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         lrange(&q.name).await,
         vec![b"other".to_vec(), b"retry-2".to_vec()]
@@ -126,19 +134,31 @@ async fn a_retried_requeue_adds_no_second_copy_and_identical_messages_stay_apart
     }
     let d1 = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
     let d2 = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
-    t.requeue(&d1, b"same".to_vec(), Duration::from_secs(60))
-        .await
-        .unwrap();
-    t.requeue(&d2, b"same".to_vec(), Duration::from_secs(60))
-        .await
-        .unwrap();
+    t.requeue(
+        &d1,
+        Republish::with_body(b"same".to_vec()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    t.requeue(
+        &d2,
+        Republish::with_body(b"same".to_vec()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     // Two byte-identical delayed messages are two members (each has its own token).
     assert_eq!(t.delayed_len(&q.name).await.unwrap(), 2);
     // Retrying a requeue that already happened adds nothing.
-    t.requeue(&d1, b"same".to_vec(), Duration::from_secs(60))
-        .await
-        .unwrap();
-    t.requeue(&d1, b"same".to_vec(), Duration::ZERO)
+    t.requeue(
+        &d1,
+        Republish::with_body(b"same".to_vec()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    t.requeue(&d1, Republish::with_body(b"same".to_vec()), Duration::ZERO)
         .await
         .unwrap();
     assert_eq!(t.delayed_len(&q.name).await.unwrap(), 2);
@@ -648,13 +668,21 @@ async fn an_ack_or_requeue_retried_after_a_lost_reply_is_applied_once() {
 
     proxy.cut.store(true, Ordering::SeqCst);
     assert!(
-        t.requeue(&a, b"a-retry".to_vec(), Duration::from_secs(60))
-            .await
-            .is_err()
-    );
-    t.requeue(&a, b"a-retry".to_vec(), Duration::from_secs(60))
+        t.requeue(
+            &a,
+            Republish::with_body(b"a-retry".to_vec()),
+            Duration::from_secs(60)
+        )
         .await
-        .unwrap();
+        .is_err()
+    );
+    t.requeue(
+        &a,
+        Republish::with_body(b"a-retry".to_vec()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         t.delayed_len(&q.name).await.unwrap(),
         1,

@@ -11,7 +11,7 @@ use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{
     RedisStore, RedisTransport, consumer_processing_list, keys::queue_keys, processing_list,
 };
-use babelqueue::runtime::{App, Transport, recover_poison};
+use babelqueue::runtime::{App, Republish, Transport, recover_poison};
 use babelqueue::{Envelope, envelope::now_millis, guard_async};
 use serde_json::{Value, json};
 
@@ -651,7 +651,7 @@ async fn depth_counts_ready_delayed_and_in_flight() {
     }
     let first = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
     let second = t.reserve(&q.name, Duration::ZERO).await.unwrap().unwrap();
-    t.requeue(&second, second.element().to_vec(), Duration::from_secs(60))
+    t.requeue(&second, Republish::unchanged(), Duration::from_secs(60))
         .await
         .unwrap();
     let depth = t.depth(&q.name).await.unwrap();

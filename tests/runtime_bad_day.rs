@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use babelqueue::runtime::{
-    App, Delivery, Disposition, InMemoryTransport, Permanent, Report, RetryPolicy, Transport,
-    TransportError, recover_poison,
+    App, ConsumerOptions, Delivery, Disposition, InMemoryTransport, ListMaintenance, Permanent,
+    Report, Republish, RetryPolicy, Transport, TransportError, recover_poison,
 };
 use babelqueue::{AsyncStore, BoxFuture, DeadLetterReason, Envelope, InMemoryStore, guard_async};
 use serde_json::{Value, json};
@@ -505,13 +505,23 @@ impl Transport for FlakyBroker {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.fail()?;
-            self.inner.requeue(delivery, element, delay).await
+            self.inner.requeue(delivery, republish, delay).await
         })
+    }
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.start_consumer(queue, options)
+    }
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.leave(queue)
     }
     fn promote_due<'a>(
         &'a self,

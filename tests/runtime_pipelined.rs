@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use babelqueue::handler::BoxFuture;
 use babelqueue::pipelined::PipelinedWrite;
-use babelqueue::runtime::{App, Delivery, InMemoryTransport, Permanent, Transport, TransportError};
+use babelqueue::runtime::{
+    App, ConsumerOptions, Delivery, InMemoryTransport, Permanent, Republish, Transport,
+    TransportError,
+};
 use babelqueue::{AsyncStore, Envelope, InMemoryStore, guard_async};
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -99,10 +102,20 @@ impl Transport for Piped {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
-        self.inner.requeue(delivery, element, delay)
+        self.inner.requeue(delivery, republish, delay)
+    }
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.start_consumer(queue, options)
+    }
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.inner.leave(queue)
     }
     fn promote_due<'a>(
         &'a self,

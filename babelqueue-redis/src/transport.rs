@@ -33,7 +33,10 @@ use std::time::Duration;
 
 use babelqueue_core::handler::BoxFuture;
 use babelqueue_core::pipelined::PipelinedWrite;
-use babelqueue_core::runtime::{Delivery, QueueDepth, Recovered, Transport, TransportError};
+use babelqueue_core::runtime::{
+    ConsumerOptions, Delivery, ListMaintenance, Maintenance, QueueDepth, Recovered, Republish,
+    Transport, TransportError,
+};
 use redis::{Client, RedisError, Value};
 use tokio::sync::{Mutex, RwLock};
 use tokio::time::Instant;
@@ -209,6 +212,9 @@ struct Inner {
     /// Serializes the orphan check and recovery (both change the own list).
     own_list: Mutex<()>,
     queues: std::sync::Mutex<HashMap<String, QueueLocal>>,
+    /// The background work (heartbeat, recovery, promotion) of each queue this consumer
+    /// consumes, from `start_consumer` to `leave`.
+    maintenance: std::sync::Mutex<HashMap<String, Maintenance>>,
 }
 
 /// A [`Transport`] over Redis lists. One instance is one consumer (clones share it, and
@@ -452,7 +458,21 @@ impl RedisTransport {
                 reserve_gate: RwLock::new(()),
                 own_list: Mutex::new(()),
                 queues: std::sync::Mutex::new(HashMap::new()),
+                maintenance: std::sync::Mutex::new(HashMap::new()),
             }),
+        }
+    }
+
+    /// A delayed message was added: the background work looks at the earliest due time.
+    fn wake_maintenance(&self, queue: &str) {
+        if let Some(m) = self
+            .inner
+            .maintenance
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+        {
+            m.wake();
         }
     }
 
@@ -892,6 +912,68 @@ impl RedisTransport {
     }
 }
 
+/// The Redis transport's own background work (see [`Maintenance`]): its heartbeat key
+/// `{<queue>}:consumer:<id>` and registry, and the recovery of dead consumers' lists.
+impl ListMaintenance for RedisTransport {
+    fn heartbeat<'a>(
+        &'a self,
+        queue: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move { self.register(queue, ttl).await })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        queue: &'a str,
+        max_recoveries: u32,
+    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
+        Box::pin(async move {
+            let mut s = scripts::EXPIRED.prepare_invoke();
+            s.key(consumers_registry(queue)).key(recoveries_hash(queue));
+            let reply: Vec<Value> = self.script(s).await?;
+            let mut it = reply.into_iter();
+            let counters = matches!(it.next(), Some(Value::Int(n)) if n > 0);
+            let candidates: Vec<String> = it
+                .filter_map(|v| match v {
+                    Value::BulkString(b) => String::from_utf8(b).ok(),
+                    _ => None,
+                })
+                .filter(|id| id != self.id())
+                .collect();
+            let mut requeued = 0;
+            let mut exhausted = Vec::new();
+            let _own = self.inner.own_list.lock().await;
+            for id in candidates {
+                if let Some((n, ex)) = self.recover_one(queue, &id, max_recoveries).await? {
+                    if n > 0 || !ex.is_empty() {
+                        tracing::warn!(
+                            queue,
+                            dead_consumer = %id,
+                            requeued = n,
+                            exhausted = ex.len(),
+                            "recovered the messages of a consumer whose heartbeat expired"
+                        );
+                    }
+                    requeued += n;
+                    exhausted.extend(ex);
+                }
+            }
+            self.local(queue, |q| {
+                q.recoveries = counters || requeued > 0;
+                for e in &exhausted {
+                    q.hold(e);
+                }
+            });
+            let exhausted = exhausted
+                .into_iter()
+                .map(|e| Delivery::new(queue, e, 0))
+                .collect();
+            Ok(Recovered::new(requeued, exhausted))
+        })
+    }
+}
+
 impl Transport for RedisTransport {
     fn publish_raw<'a>(
         &'a self,
@@ -995,10 +1077,11 @@ impl Transport for RedisTransport {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            let element = republish.element(delivery)?;
             let queue = delivery.queue();
             let now = Instant::now();
             let ms = if delay.is_zero() {
@@ -1024,6 +1107,9 @@ impl Transport for RedisTransport {
                     q.set_due(now, next);
                 }
             });
+            if removed > 0 && ms > 0 {
+                self.wake_maintenance(queue);
+            }
             if removed == 0 {
                 tracing::debug!(
                     queue,
@@ -1062,61 +1148,23 @@ impl Transport for RedisTransport {
         })
     }
 
-    fn heartbeat<'a>(
+    fn start_consumer<'a>(
         &'a self,
         queue: &'a str,
-        ttl: Duration,
+        options: &'a ConsumerOptions,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move { self.register(queue, ttl).await })
-    }
-
-    fn recover<'a>(
-        &'a self,
-        queue: &'a str,
-        max_recoveries: u32,
-    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
         Box::pin(async move {
-            let mut s = scripts::EXPIRED.prepare_invoke();
-            s.key(consumers_registry(queue)).key(recoveries_hash(queue));
-            let reply: Vec<Value> = self.script(s).await?;
-            let mut it = reply.into_iter();
-            let counters = matches!(it.next(), Some(Value::Int(n)) if n > 0);
-            let candidates: Vec<String> = it
-                .filter_map(|v| match v {
-                    Value::BulkString(b) => String::from_utf8(b).ok(),
-                    _ => None,
-                })
-                .filter(|id| id != self.id())
-                .collect();
-            let mut requeued = 0;
-            let mut exhausted = Vec::new();
-            let _own = self.inner.own_list.lock().await;
-            for id in candidates {
-                if let Some((n, ex)) = self.recover_one(queue, &id, max_recoveries).await? {
-                    if n > 0 || !ex.is_empty() {
-                        tracing::warn!(
-                            queue,
-                            dead_consumer = %id,
-                            requeued = n,
-                            exhausted = ex.len(),
-                            "recovered the messages of a consumer whose heartbeat expired"
-                        );
-                    }
-                    requeued += n;
-                    exhausted.extend(ex);
-                }
+            let m = Maintenance::start(self.clone(), queue, options).await;
+            let old = self
+                .inner
+                .maintenance
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(queue.to_owned(), m);
+            if let Some(old) = old {
+                old.stop().await;
             }
-            self.local(queue, |q| {
-                q.recoveries = counters || requeued > 0;
-                for e in &exhausted {
-                    q.hold(e);
-                }
-            });
-            let exhausted = exhausted
-                .into_iter()
-                .map(|e| Delivery::new(queue, e, 0))
-                .collect();
-            Ok(Recovered::new(requeued, exhausted))
+            Ok(())
         })
     }
 
@@ -1139,6 +1187,15 @@ impl Transport for RedisTransport {
 
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            let m = self
+                .inner
+                .maintenance
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(queue);
+            if let Some(m) = m {
+                m.stop().await;
+            }
             let mut s = scripts::LEAVE.prepare_invoke();
             s.key(heartbeat_key(queue, self.id()))
                 .key(consumers_registry(queue))

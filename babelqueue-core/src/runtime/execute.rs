@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use super::errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable, i
 use super::observe;
 use super::report::{Disposition, Report};
 use super::settle::{Action, Happened, Policy, PutBack, decide};
-use super::transport::{Delivery, Headers, Transport, TransportError, encode_element};
+use super::transport::{Delivery, Headers, Republish, Transport, TransportError};
 use crate::envelope::{DeadLetterReason, Envelope};
 use crate::guard::Outcome;
 use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn};
@@ -91,12 +91,6 @@ pub(crate) struct Ctx {
     pub observer: Option<Observer>,
     pub policy: Policy,
     pub store: StoreHealth,
-    /// The earliest due time (µs since `epoch`) of a delayed message, or
-    /// `u64::MAX`: the maintenance task promotes when it passes.
-    pub earliest_due: AtomicU64,
-    pub epoch: Instant,
-    /// Wakes the maintenance task (a new earliest due time).
-    pub maint: Notify,
     /// The shutdown grace period ended: stop retrying, leave messages in flight.
     pub hard_stop: AtomicBool,
     pub hard_notify: Notify,
@@ -134,9 +128,6 @@ impl Ctx {
             observer,
             policy,
             store: StoreHealth::default(),
-            earliest_due: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
-            maint: Notify::new(),
             hard_stop: AtomicBool::new(false),
             hard_notify: Notify::new(),
         }
@@ -157,33 +148,6 @@ impl Ctx {
             }
             n.await;
         }
-    }
-
-    /// `at` as a due mark: microseconds since `epoch`, rounded up (a mark is never
-    /// before the time it stands for) and at least 1 ms from now (no busy loop on a due
-    /// time that a transport rounds differently).
-    pub(crate) fn due_mark(&self, at: Instant) -> u64 {
-        let at = at.max(Instant::now() + Duration::from_millis(1));
-        let nanos = at.saturating_duration_since(self.epoch).as_nanos();
-        u64::try_from(nanos.div_ceil(1000)).unwrap_or(u64::MAX - 1)
-    }
-
-    /// The instant a due mark stands for (`None` for "nothing due").
-    pub(crate) fn due_instant(&self, mark: u64) -> Option<Instant> {
-        (mark != u64::MAX).then(|| self.epoch + Duration::from_micros(mark))
-    }
-
-    /// Remembers that a message becomes due at `at` (wakes the maintenance task when
-    /// that is earlier than what it waits for).
-    pub(crate) fn note_due_at(&self, at: Instant) {
-        let mark = self.due_mark(at);
-        if self.earliest_due.fetch_min(mark, Ordering::SeqCst) > mark {
-            self.maint.notify_one();
-        }
-    }
-
-    fn note_due(&self, delay: Duration) {
-        self.note_due_at(Instant::now() + delay);
     }
 
     /// Sends a delivery's handed-over store writes and its ack (one round trip where the
@@ -455,7 +419,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
             .await
             .into();
     }
-    let envelope = match Envelope::decode(delivery.body()) {
+    let mut envelope = match Envelope::decode(delivery.body()) {
         Ok(env) => env,
         Err(error) => {
             tracing::warn!(%error, bytes = size, "poison message");
@@ -465,6 +429,8 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
                 .into();
         }
     };
+    // The binding's rule: the body's count, reconciled with the broker's own counter.
+    envelope.attempts = ctx.transport.attempts(envelope.attempts, &delivery);
     observe::record_envelope(&envelope);
 
     if let Err(e) = crate::key::id_is_storable(&envelope.meta.id) {
@@ -663,39 +629,33 @@ async fn settle_full(
                 .map(|()| Disposition::Dropped)
         }
         Action::Retry { attempts, delay } => {
-            match dead_letter::with_attempts(d.body(), u64::from(attempts))
-                .map(|body| encode_element(&body, d.headers()))
-            {
-                Some(Ok(element)) => {
+            match dead_letter::with_attempts(d.body(), u64::from(attempts)) {
+                Some(body) => {
                     tracing::warn!(error = ?v.error, exception = ?v.exception, attempts, retry_in_ms = delay.as_millis() as u64, "handler failed; retrying");
-                    let r = ctx
-                        .until_done("requeue", || {
-                            ctx.transport.requeue(d, element.clone(), delay)
-                        })
-                        .await;
-                    if r.is_ok() && !delay.is_zero() {
-                        ctx.note_due(delay);
-                    }
-                    r.map(|()| Disposition::Retried { attempts })
+                    let republish = Republish::with_body(body);
+                    ctx.until_done("requeue", || {
+                        ctx.transport.requeue(d, republish.clone(), delay)
+                    })
+                    .await
+                    .map(|()| Disposition::Retried { attempts })
                 }
-                Some(Err(e)) => Err(e),
                 None => Err(TransportError::backend("the body is not a JSON object")),
             }
         }
         Action::PutBack { why, delay } => {
-            let element = match why {
+            let republish = match why {
                 PutBack::Release => {
                     let mut h = d.headers().cloned().unwrap_or_else(Headers::new);
                     h.insert(
                         RELEASES_HEADER.to_owned(),
                         Value::from(releases.saturating_add(1)),
                     );
-                    encode_element(d.body(), Some(&h))
+                    Republish::with_headers(h)
                 }
-                PutBack::InFlight | PutBack::StoreDown => Ok(d.element().to_vec()),
+                PutBack::InFlight | PutBack::StoreDown => Republish::unchanged(),
             };
-            match element {
-                Ok(element) => {
+            {
+                {
                     match why {
                         PutBack::InFlight => {
                             tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred")
@@ -707,21 +667,16 @@ async fn settle_full(
                             tracing::info!(releases = releases + 1, "unknown URN released")
                         }
                     }
-                    let r = ctx
-                        .until_done("requeue", || {
-                            ctx.transport.requeue(d, element.clone(), delay)
-                        })
-                        .await;
-                    if r.is_ok() && !delay.is_zero() {
-                        ctx.note_due(delay);
-                    }
-                    r.map(|()| match why {
+                    ctx.until_done("requeue", || {
+                        ctx.transport.requeue(d, republish.clone(), delay)
+                    })
+                    .await
+                    .map(|()| match why {
                         PutBack::InFlight => Disposition::Deferred,
                         PutBack::StoreDown => Disposition::Requeued,
                         PutBack::Release => Disposition::Released,
                     })
                 }
-                Err(e) => Err(e),
             }
         }
         Action::DeadLetter {

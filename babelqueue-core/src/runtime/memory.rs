@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::depth::QueueDepth;
-use super::transport::{Delivery, Recovered, Transport, TransportError};
+use super::maintain::{ListMaintenance, Maintenance, Recovered};
+use super::transport::{ConsumerOptions, Delivery, Republish, Transport, TransportError};
 use crate::handler::BoxFuture;
 
 /// Elements are shared with the deliveries handed out, so a large body is not copied.
@@ -58,6 +59,8 @@ struct Inner {
     notify: Notify,
     next_tag: AtomicU64,
     next_consumer: AtomicU64,
+    /// The running consumers' background work, by (consumer, queue).
+    maintenance: Mutex<HashMap<(u64, String), Maintenance>>,
 }
 
 /// An in-process transport with the same semantics as the Redis reliable-queue pattern:
@@ -73,7 +76,8 @@ struct Inner {
 /// ordered by due time on tokio's clock (so `tokio::time::pause()` tests work); a reserve
 /// promotes those that are due. A clone is the same consumer; [`consumer`](Self::consumer)
 /// gives another consumer over the same queues, with its own in-flight messages and
-/// heartbeat, so crash recovery ([`Transport::recover`]) can be exercised in process.
+/// heartbeat, so crash recovery ([`ListMaintenance::recover`], run by the background work
+/// that [`Transport::start_consumer`] starts) can be exercised in process.
 ///
 /// ```
 /// use babelqueue_core::runtime::{App, InMemoryTransport};
@@ -189,6 +193,19 @@ impl InMemoryTransport {
         Some(Delivery::from_shared(queue, element, tag))
     }
 
+    fn wake_maintenance(&self, queue: &str) {
+        let key = (self.consumer, queue.to_owned());
+        if let Some(m) = self
+            .inner
+            .maintenance
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            m.wake();
+        }
+    }
+
     fn next_due_now(&self, queue: &str) -> Option<Duration> {
         self.lock()
             .get(queue)
@@ -254,14 +271,17 @@ impl Transport for InMemoryTransport {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let element = match republish.shared_element(delivery) {
+            Ok(e) => e,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         {
             let mut queues = self.lock();
             let q = queues.entry(delivery.queue().to_owned()).or_default();
             q.processing.remove(&delivery.tag());
-            let element = Arc::new(element);
             if delay.is_zero() {
                 q.ready.push_back(element);
             } else {
@@ -269,10 +289,33 @@ impl Transport for InMemoryTransport {
                 q.delayed.insert((Instant::now() + delay, seq), element);
             }
         }
+        if !delay.is_zero() {
+            self.wake_maintenance(delivery.queue());
+        }
         // Wake blocked reserves: either to take the message, or to re-arm their timer on
         // the new earliest due time.
         self.inner.notify.notify_waiters();
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let m = Maintenance::start(self.clone(), queue, options).await;
+            let old = self
+                .inner
+                .maintenance
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((self.consumer, queue.to_owned()), m);
+            if let Some(old) = old {
+                old.stop().await;
+            }
+            Ok(())
+        })
     }
 
     fn promote_due<'a>(
@@ -297,6 +340,61 @@ impl Transport for InMemoryTransport {
         Box::pin(std::future::ready(Ok(self.next_due_now(queue))))
     }
 
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
+        let depth = self
+            .lock()
+            .get(queue)
+            .map_or_else(QueueDepth::default, |q| {
+                QueueDepth::new(
+                    q.ready.len() as u64,
+                    q.delayed.len() as u64,
+                    q.processing.len() as u64,
+                )
+            });
+        Box::pin(std::future::ready(Ok(depth)))
+    }
+
+    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let m = self
+                .inner
+                .maintenance
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&(self.consumer, queue.to_owned()));
+            if let Some(m) = m {
+                m.stop().await;
+            }
+            if let Some(q) = self.lock().get_mut(queue) {
+                q.heartbeats.remove(&self.consumer);
+            }
+            Ok(())
+        })
+    }
+
+    fn requeue_processing<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<usize, TransportError>> {
+        let n = match self.lock().get_mut(queue) {
+            Some(q) => {
+                let stranded = std::mem::take(&mut q.processing);
+                let n = stranded.len();
+                for (_, element) in stranded.into_values().rev() {
+                    q.ready.push_front(element);
+                }
+                n
+            }
+            None => 0,
+        };
+        if n > 0 {
+            self.inner.notify.notify_waiters();
+        }
+        Box::pin(std::future::ready(Ok(n)))
+    }
+}
+
+impl ListMaintenance for InMemoryTransport {
     fn heartbeat<'a>(
         &'a self,
         queue: &'a str,
@@ -349,48 +447,6 @@ impl Transport for InMemoryTransport {
         }
         Box::pin(std::future::ready(Ok(out)))
     }
-
-    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
-        let depth = self
-            .lock()
-            .get(queue)
-            .map_or_else(QueueDepth::default, |q| {
-                QueueDepth::new(
-                    q.ready.len() as u64,
-                    q.delayed.len() as u64,
-                    q.processing.len() as u64,
-                )
-            });
-        Box::pin(std::future::ready(Ok(depth)))
-    }
-
-    fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
-        if let Some(q) = self.lock().get_mut(queue) {
-            q.heartbeats.remove(&self.consumer);
-        }
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn requeue_processing<'a>(
-        &'a self,
-        queue: &'a str,
-    ) -> BoxFuture<'a, Result<usize, TransportError>> {
-        let n = match self.lock().get_mut(queue) {
-            Some(q) => {
-                let stranded = std::mem::take(&mut q.processing);
-                let n = stranded.len();
-                for (_, element) in stranded.into_values().rev() {
-                    q.ready.push_front(element);
-                }
-                n
-            }
-            None => 0,
-        };
-        if n > 0 {
-            self.inner.notify.notify_waiters();
-        }
-        Box::pin(std::future::ready(Ok(n)))
-    }
 }
 
 #[cfg(test)]
@@ -442,9 +498,13 @@ mod tests {
         let t = InMemoryTransport::new();
         t.publish_raw("q", b"m".to_vec()).await.unwrap();
         let d = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
-        t.requeue(&d, b"m2".to_vec(), Duration::from_millis(300))
-            .await
-            .unwrap();
+        t.requeue(
+            &d,
+            Republish::with_body(b"m2".to_vec()),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             (t.processing_len("q"), t.delayed_len("q"), t.len("q")),
             (0, 1, 0)
@@ -473,12 +533,20 @@ mod tests {
         }
         let a = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
         let b = t.reserve("q", Duration::ZERO).await.unwrap().unwrap();
-        t.requeue(&a, b"a".to_vec(), Duration::from_millis(100))
-            .await
-            .unwrap();
-        t.requeue(&b, b"b".to_vec(), Duration::from_millis(200))
-            .await
-            .unwrap();
+        t.requeue(
+            &a,
+            Republish::with_body(b"a".to_vec()),
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap();
+        t.requeue(
+            &b,
+            Republish::with_body(b"b".to_vec()),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
         assert_eq!(t.promote_due("q", 10).await.unwrap(), 0);
         tokio::time::advance(Duration::from_millis(150)).await;
         assert_eq!(t.promote_due("q", 10).await.unwrap(), 1);

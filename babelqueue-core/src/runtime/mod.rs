@@ -45,6 +45,7 @@ mod dead_letter;
 mod depth;
 mod errors;
 mod execute;
+pub mod maintain;
 mod memory;
 pub mod metrics;
 mod observe;
@@ -60,9 +61,11 @@ pub use dead_letter::{POISON_URN, poison_body, recover_poison};
 pub use depth::QueueDepth;
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
+pub use maintain::{ListMaintenance, Maintenance, Recovered};
 pub use memory::InMemoryTransport;
 pub use report::{Disposition, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
-    Delivery, FRAME_KEY, Headers, Recovered, Transport, TransportError, encode_element, unframe,
+    ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Transport,
+    TransportError, encode_element, unframe,
 };

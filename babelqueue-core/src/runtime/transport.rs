@@ -75,6 +75,17 @@ pub struct Delivery {
     element: Arc<Vec<u8>>,
     tag: u64,
     frame: Option<(Headers, Vec<u8>)>,
+    /// What a broker with native message metadata hands out beside the body (boxed: the
+    /// list transports' deliveries stay as small as they were).
+    native: Option<Box<Native>>,
+}
+
+/// Native metadata of a delivery from a broker that has headers and counters of its own.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Native {
+    headers: Headers,
+    delivery_count: Option<u32>,
+    receipt: Option<String>,
 }
 
 impl Delivery {
@@ -93,7 +104,78 @@ impl Delivery {
             element,
             tag,
             frame,
+            native: None,
         }
+    }
+
+    /// A delivery from a broker with native headers (AMQP, SQS, Kafka, …): `body` is the
+    /// message body byte for byte (it is also the [`element`](Self::element); it is never
+    /// unwrapped as a frame) and `headers` its out-of-band headers, already taken from the
+    /// broker's own header table (the contract's projection headers left out).
+    /// [`headers`](Self::headers) is `None` when `headers` is empty.
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{Delivery, Headers};
+    /// let mut h = Headers::new();
+    /// h.insert("traceparent".into(), "00-ab".into());
+    /// let d = Delivery::native("orders", b"{\"job\":\"x\"}".to_vec(), h, 7)
+    ///     .with_delivery_count(2)
+    ///     .with_receipt("AQEB…");
+    /// assert_eq!(d.body(), d.element());
+    /// assert_eq!(d.headers().unwrap()["traceparent"], "00-ab");
+    /// assert_eq!((d.tag(), d.delivery_count(), d.receipt()), (7, Some(2), Some("AQEB…")));
+    ///
+    /// // A body that looks like a frame is still just a body on such a broker.
+    /// let framed = br#"{"__bq_frame":1,"headers":{},"body":"{}"}"#.to_vec();
+    /// let d = Delivery::native("orders", framed.clone(), Headers::new(), 1);
+    /// assert_eq!(d.body(), &framed[..]);
+    /// assert!(d.headers().is_none());
+    /// ```
+    pub fn native(queue: impl Into<String>, body: Vec<u8>, headers: Headers, tag: u64) -> Self {
+        Delivery {
+            queue: queue.into(),
+            element: Arc::new(body),
+            tag,
+            frame: None,
+            native: Some(Box::new(Native {
+                headers,
+                ..Native::default()
+            })),
+        }
+    }
+
+    fn native_mut(&mut self) -> &mut Native {
+        self.native.get_or_insert_with(Box::default)
+    }
+
+    /// Sets the broker's own delivery counter as the broker reports it (SQS
+    /// `ApproximateReceiveCount`, ASB `DeliveryCount`, Pulsar `RedeliveryCount`, …); the
+    /// transport's [`Transport::attempts`] reconciles it with the body's `attempts`.
+    pub fn with_delivery_count(mut self, count: u32) -> Self {
+        self.native_mut().delivery_count = Some(count);
+        self
+    }
+
+    /// The broker's own delivery counter, where it has one.
+    pub fn delivery_count(&self) -> Option<u32> {
+        self.native.as_ref().and_then(|n| n.delivery_count)
+    }
+
+    /// Sets a string receipt that settles this delivery (an SQS receipt handle, …), for
+    /// brokers whose handle is not a number like [`tag`](Self::tag).
+    pub fn with_receipt(mut self, receipt: impl Into<String>) -> Self {
+        self.native_mut().receipt = Some(receipt.into());
+        self
+    }
+
+    /// The string receipt, when the transport set one.
+    pub fn receipt(&self) -> Option<&str> {
+        self.native.as_ref().and_then(|n| n.receipt.as_deref())
+    }
+
+    /// Whether the headers came from the broker's native header table (not a frame).
+    pub fn has_native_headers(&self) -> bool {
+        self.native.is_some()
     }
 
     /// The element's shared buffer.
@@ -124,9 +206,104 @@ impl Delivery {
         }
     }
 
-    /// The frame's headers, when the element was a header frame.
+    /// The out-of-band headers: the frame's, when the element was a header frame, or the
+    /// broker's native ones (see [`native`](Self::native)); `None` when there are none.
     pub fn headers(&self) -> Option<&Headers> {
-        self.frame.as_ref().map(|(h, _)| h)
+        match (&self.frame, &self.native) {
+            (Some((h, _)), _) => Some(h),
+            (None, Some(n)) if !n.headers.is_empty() => Some(&n.headers),
+            _ => None,
+        }
+    }
+}
+
+/// What a [`Transport::requeue`] puts back on the queue: the delivery as it arrived, or
+/// with a new body (a retry: the envelope with `attempts + 1`) and/or new out-of-band
+/// headers (a release: its count header raised). The transport writes it its own way: a
+/// list transport as an element (a header frame when there are headers), a broker with
+/// native headers as body plus headers.
+///
+/// ```
+/// use babelqueue_core::runtime::{Delivery, Headers, Republish};
+/// let d = Delivery::new("orders", b"{\"attempts\":0}".to_vec(), 0);
+/// let same = Republish::unchanged();
+/// assert!(same.is_unchanged());
+/// assert_eq!(same.element(&d)?, d.element());
+///
+/// let retry = Republish::with_body(b"{\"attempts\":1}".to_vec());
+/// assert_eq!(retry.body(&d), b"{\"attempts\":1}");
+/// assert!(retry.headers(&d).is_none());
+///
+/// let mut h = Headers::new();
+/// h.insert("x-babelqueue-releases".into(), 1.into());
+/// let release = Republish::with_headers(h);
+/// assert_eq!(
+///     release.element(&d)?,
+///     br#"{"__bq_frame":1,"headers":{"x-babelqueue-releases":1},"body":"{\"attempts\":0}"}"#
+/// );
+/// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Republish {
+    body: Option<Vec<u8>>,
+    headers: Option<Headers>,
+}
+
+impl Republish {
+    /// The delivery exactly as it arrived (a put-back: deferred, or the store was down).
+    pub fn unchanged() -> Self {
+        Self::default()
+    }
+
+    /// A new body, with the delivery's headers.
+    pub fn with_body(body: Vec<u8>) -> Self {
+        Republish {
+            body: Some(body),
+            headers: None,
+        }
+    }
+
+    /// The delivery's body, with these headers instead of its own.
+    pub fn with_headers(headers: Headers) -> Self {
+        Republish {
+            body: None,
+            headers: Some(headers),
+        }
+    }
+
+    /// Whether nothing changes: the delivery goes back as it arrived.
+    pub fn is_unchanged(&self) -> bool {
+        self.body.is_none() && self.headers.is_none()
+    }
+
+    /// The body to put back.
+    pub fn body<'a>(&'a self, delivery: &'a Delivery) -> &'a [u8] {
+        self.body.as_deref().unwrap_or_else(|| delivery.body())
+    }
+
+    /// The headers to put back (`None`: none).
+    pub fn headers<'a>(&'a self, delivery: &'a Delivery) -> Option<&'a Headers> {
+        match &self.headers {
+            Some(h) => Some(h).filter(|h| !h.is_empty()),
+            None => delivery.headers(),
+        }
+    }
+
+    /// The list element to store: the delivery's own element, byte for byte, when
+    /// nothing changed; else [`encode_element`] of the body and headers.
+    pub fn element(&self, delivery: &Delivery) -> Result<Vec<u8>, TransportError> {
+        if self.is_unchanged() {
+            return Ok(delivery.element().to_vec());
+        }
+        encode_element(self.body(delivery), self.headers(delivery))
+    }
+
+    /// The element as a shared buffer (no copy when nothing changed).
+    pub fn shared_element(&self, delivery: &Delivery) -> Result<Arc<Vec<u8>>, TransportError> {
+        if self.is_unchanged() {
+            return Ok(Arc::clone(delivery.shared_element()));
+        }
+        encode_element(self.body(delivery), self.headers(delivery)).map(Arc::new)
     }
 }
 
@@ -188,23 +365,141 @@ pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     Some((headers, body))
 }
 
-/// What [`Transport::recover`] did.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct Recovered {
-    /// Messages of dead consumers put back on the queue.
-    pub requeued: usize,
-    /// Messages recovered too many times: moved into this consumer's in-flight state, for
-    /// the runtime to dead-letter (and ack).
-    pub exhausted: Vec<Delivery>,
+/// How a consumer is run, handed to [`Transport::start_consumer`]: the runtime's settings
+/// a transport's own background work needs, and where it reports what the runtime must act
+/// on.
+///
+/// ```
+/// use std::time::Duration;
+/// use babelqueue_core::runtime::ConsumerOptions;
+/// let o = ConsumerOptions::new(8).heartbeat(Duration::from_secs(2), Duration::from_secs(10));
+/// assert_eq!((o.concurrency(), o.heartbeat_ttl()), (8, Duration::from_secs(10)));
+/// o.events().send(babelqueue_core::runtime::ConsumerEvent::Ready); // no receiver: ignored
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    concurrency: usize,
+    heartbeat_interval: Duration,
+    heartbeat_ttl: Duration,
+    recovery_interval: Duration,
+    max_recoveries: u32,
+    backoff_max: Duration,
+    events: EventSink,
 }
 
-impl Recovered {
-    /// A result (the struct is `#[non_exhaustive]`, so other crates build it here).
-    pub fn new(requeued: usize, exhausted: Vec<Delivery>) -> Self {
-        Recovered {
-            requeued,
-            exhausted,
+impl ConsumerOptions {
+    /// Options for `concurrency` workers, with the runtime's defaults: heartbeat every 2 s
+    /// valid 10 s, recovery every 5 s, 3 recoveries at most, backoff up to 5 s, and no
+    /// event receiver.
+    pub fn new(concurrency: usize) -> Self {
+        ConsumerOptions {
+            concurrency: concurrency.max(1),
+            heartbeat_interval: Duration::from_secs(2),
+            heartbeat_ttl: Duration::from_secs(10),
+            recovery_interval: Duration::from_secs(5),
+            max_recoveries: 3,
+            backoff_max: Duration::from_secs(5),
+            events: EventSink::default(),
+        }
+    }
+
+    /// How often a consumer renews its liveness, and how long one renewal is valid.
+    pub fn heartbeat(mut self, interval: Duration, ttl: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self.heartbeat_ttl = ttl;
+        self
+    }
+
+    /// How often dead consumers' messages are looked for, and how many times one message
+    /// may be recovered before it is handed to the runtime as
+    /// [`ConsumerEvent::Exhausted`].
+    pub fn recovery(mut self, interval: Duration, max_recoveries: u32) -> Self {
+        self.recovery_interval = interval;
+        self.max_recoveries = max_recoveries;
+        self
+    }
+
+    /// The longest pause after a failed background operation.
+    pub fn backoff_max(mut self, max: Duration) -> Self {
+        self.backoff_max = max;
+        self
+    }
+
+    /// Where the transport reports events.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// Workers handling messages at once (a prefetch for brokers that push).
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    /// Heartbeat renewal interval.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
+    /// How long one heartbeat is valid.
+    pub fn heartbeat_ttl(&self) -> Duration {
+        self.heartbeat_ttl
+    }
+
+    /// How often dead consumers' messages are recovered.
+    pub fn recovery_interval(&self) -> Duration {
+        self.recovery_interval
+    }
+
+    /// Recoveries of one message before it is exhausted.
+    pub fn max_recoveries(&self) -> u32 {
+        self.max_recoveries
+    }
+
+    /// The longest pause after a failed background operation.
+    pub fn backoff_max_delay(&self) -> Duration {
+        self.backoff_max
+    }
+
+    /// Where to report events.
+    pub fn events(&self) -> &EventSink {
+        &self.events
+    }
+}
+
+/// What a transport's background work tells the runtime.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConsumerEvent {
+    /// Messages became ready (promoted from a delayed set, recovered): idle workers look
+    /// again.
+    Ready,
+    /// This many in-flight messages of dead consumers were put back on the queue.
+    Recovered(usize),
+    /// A message recovered from dead consumers too many times, now held by this
+    /// consumer: the runtime dead-letters it (reason `failed`) and acks it. The `u32` is
+    /// the limit it reached.
+    Exhausted(Delivery, u32),
+    /// A background operation failed (it is retried by the transport).
+    Error(TransportError),
+}
+
+/// The sending side of a consumer's events (cheap to clone). Sending never blocks and
+/// never fails: with no receiver, or one that is gone, an event is dropped.
+#[derive(Debug, Clone, Default)]
+pub struct EventSink(Option<tokio::sync::mpsc::UnboundedSender<ConsumerEvent>>);
+
+impl EventSink {
+    /// A sink and the receiver of its events.
+    pub fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<ConsumerEvent>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (EventSink(Some(tx)), rx)
+    }
+
+    /// Reports `event`.
+    pub fn send(&self, event: ConsumerEvent) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(event);
         }
     }
 }
@@ -273,33 +568,69 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Settles a reserved message by putting it back: atomically where the broker allows,
-    /// removes `delivery` from the in-flight state AND schedules `element` (the updated or
-    /// unchanged envelope or header frame) on [`delivery.queue()`](Delivery::queue) after
-    /// `delay`. [`Duration::ZERO`] means ready now, appended at the tail of the queue.
+    /// removes `delivery` from the in-flight state AND makes `republish` (the delivery as
+    /// it arrived, or with a new body or new headers) deliverable again on
+    /// [`delivery.queue()`](Delivery::queue) after `delay` ([`Duration::ZERO`]: now, at
+    /// the tail of the queue), **without holding the caller** for the delay where the
+    /// broker can delay natively.
     ///
     /// The runtime uses it for retries (the envelope with `attempts + 1`), deferrals of an
     /// id in flight elsewhere, dedupe-store outages and unknown URNs under
     /// [`Release`](super::UnknownUrnStrategy::Release).
     ///
-    /// A transport with a delayed set overrides it: Redis runs one script (`LREM` of its
-    /// own processing list + `ZADD {<queue>}:delayed` scored by the due time in Unix ms, or
-    /// `RPUSH` when the delay is zero). The default publishes `element` with
-    /// [`publish_raw`](Self::publish_raw) **after sleeping `delay`** (so the caller's task
-    /// waits; a crash in between leaves the message in flight for recovery, never lost),
-    /// then [`ack`](Self::ack)s the delivery; a crash between the two delivers it twice.
+    /// Each broker does it its own way: Redis runs one script (`LREM` of its own
+    /// processing list + `ZADD {<queue>}:delayed` scored by the due time, or `RPUSH` when
+    /// the delay is zero); RabbitMQ publishes to a delay queue that dead-letters back to
+    /// the queue, then acks. The default publishes with
+    /// [`publish_with_headers`](Self::publish_with_headers) **after sleeping `delay`** (so
+    /// the caller's task waits; a crash in between leaves the message in flight for the
+    /// broker's redelivery, never lost), then [`ack`](Self::ack)s the delivery; a crash
+    /// between the two delivers it twice (the idempotency guard absorbs that).
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            self.publish_raw(delivery.queue(), element).await?;
+            self.publish_with_headers(
+                delivery.queue(),
+                republish.body(delivery),
+                republish.headers(delivery),
+            )
+            .await?;
             self.ack(delivery).await
         })
+    }
+
+    /// The delivery's `attempts` as the runtime counts it: the binding's rule reconciling
+    /// the body's own `attempts` with the broker's delivery counter
+    /// ([`Delivery::delivery_count`]) or an attempts header. SQS: `max(body,
+    /// ApproximateReceiveCount - 1)`; Kafka: the `bq-attempts` header; Redis and RabbitMQ
+    /// (App runtimes republish with `attempts + 1`): the body's, the default.
+    fn attempts(&self, body_attempts: u32, delivery: &Delivery) -> u32 {
+        let _ = delivery;
+        body_attempts
+    }
+
+    /// A consumer of `queue` starts (the runtime calls it once per consume, before the
+    /// first [`reserve`](Self::reserve)). What only this broker needs beside the message
+    /// loop starts here, as the transport's own background work: the Redis transport
+    /// registers a heartbeat, recovers the in-flight messages of dead consumers and
+    /// promotes due delayed messages (see [`maintain`](super::maintain)); RabbitMQ starts
+    /// its consumer with a prefetch of [`ConsumerOptions::concurrency`]. What it finds
+    /// that the runtime must act on goes to [`ConsumerOptions::events`]. Stopped by
+    /// [`leave`](Self::leave). Default: nothing to start.
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = (queue, options);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     /// Moves up to `limit` delayed messages of `queue` whose due time has passed back to the
@@ -330,38 +661,10 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(None)))
     }
 
-    /// Liveness of this consumer on `queue` (one transport instance is one consumer):
-    /// renews a heartbeat valid for `ttl`. The runtime calls it well within `ttl`, beside
-    /// the message loop (never per message). Default: `Ok(())` (nothing to recover).
-    fn heartbeat<'a>(
-        &'a self,
-        queue: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        let _ = (queue, ttl);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    /// Recovers the in-flight messages of consumers of `queue` whose heartbeat expired
-    /// (never those of a live consumer): each is put back on the queue, except one already
-    /// recovered `max_recoveries` times, which is not requeued but moved into **this**
-    /// consumer's in-flight state and returned in [`Recovered::exhausted`] for the runtime
-    /// to dead-letter (reason `failed`, the error saying how many times it was recovered
-    /// from consumers that died handling it). Safe when several consumers recover at once.
-    ///
-    /// Default: `Ok(Recovered::default())` (nothing to recover).
-    fn recover<'a>(
-        &'a self,
-        queue: &'a str,
-        max_recoveries: u32,
-    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
-        let _ = (queue, max_recoveries);
-        Box::pin(std::future::ready(Ok(Recovered::default())))
-    }
-
-    /// Graceful stop: deregisters this consumer's heartbeat on `queue`. In-flight messages
-    /// it still holds (if any) stay where they are, for [`recover`](Self::recover).
-    /// Default: `Ok(())`.
+    /// Graceful stop of the consumer [`start_consumer`](Self::start_consumer) started on
+    /// `queue`: its background work ends (Redis: the heartbeat is deregistered; in-flight
+    /// messages it still holds, if any, stay where they are for the other consumers'
+    /// recovery). Default: `Ok(())`.
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
         let _ = queue;
         Box::pin(std::future::ready(Ok(())))
@@ -492,10 +795,20 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
-        T::requeue(self, delivery, element, delay)
+        T::requeue(self, delivery, republish, delay)
+    }
+    fn attempts(&self, body_attempts: u32, delivery: &Delivery) -> u32 {
+        T::attempts(self, body_attempts, delivery)
+    }
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        T::start_consumer(self, queue, options)
     }
     fn promote_due<'a>(
         &'a self,
@@ -509,20 +822,6 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         queue: &'a str,
     ) -> BoxFuture<'a, Result<Option<Duration>, TransportError>> {
         T::next_due(self, queue)
-    }
-    fn heartbeat<'a>(
-        &'a self,
-        queue: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        T::heartbeat(self, queue, ttl)
-    }
-    fn recover<'a>(
-        &'a self,
-        queue: &'a str,
-        max_recoveries: u32,
-    ) -> BoxFuture<'a, Result<Recovered, TransportError>> {
-        T::recover(self, queue, max_recoveries)
     }
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
         T::leave(self, queue)

@@ -1,6 +1,6 @@
-//! The worker loop (reserve → process → settle, `concurrency` at once), the maintenance
-//! task beside it (heartbeat, recovery of dead consumers, promotion of due delayed
-//! messages), shutdown with a grace period, and the drain's end.
+//! The worker loop (reserve → process → settle, `concurrency` at once), the background
+//! task beside it (the transport's events, the depth gauge), shutdown with a grace period,
+//! and the drain's end.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -16,7 +17,7 @@ use tracing::Instrument;
 use super::app::{App, DrainError};
 use super::execute::{Ctx, PendingAck, Processed, process, settle_exhausted};
 use super::report::{Disposition, Report, Stats};
-use super::transport::{Delivery, TransportError};
+use super::transport::{ConsumerEvent, ConsumerOptions, Delivery, EventSink, TransportError};
 use super::{metrics, observe};
 
 /// How a consume ends.
@@ -49,6 +50,8 @@ struct Shared {
     blocking: tokio::sync::Mutex<()>,
     gave_up: Mutex<Option<TransportError>>,
     maint_stop: AtomicBool,
+    /// Stops the background task.
+    bg_stop: Notify,
 }
 
 impl Shared {
@@ -284,111 +287,58 @@ async fn worker(shared: Arc<Shared>) -> Stats {
     stats
 }
 
-/// Recovers dead consumers' messages once; dead-letters those recovered too often.
-async fn recover_once(shared: &Shared, stats: &mut Stats) {
+/// Acts on what the transport's background work reported.
+async fn on_event(shared: &Shared, event: ConsumerEvent, stats: &mut Stats) {
     let ctx = &shared.ctx;
-    let max = ctx.config.max_recoveries;
-    match ctx.transport.recover(&ctx.config.queue, max).await {
-        Ok(r) => {
-            if r.requeued > 0 {
-                tracing::warn!(queue = %ctx.config.queue, requeued = r.requeued, "recovered the in-flight messages of dead consumers");
-                stats.recovered += r.requeued as u64;
-                shared.wake.notify_waiters();
-            }
-            for d in r.exhausted {
-                let report = settle_exhausted(ctx, d, max).await;
-                shared.observe(&report, stats);
-            }
+    match event {
+        ConsumerEvent::Ready => shared.wake.notify_waiters(),
+        ConsumerEvent::Recovered(n) => {
+            tracing::warn!(queue = %ctx.config.queue, requeued = n, "recovered the in-flight messages of dead consumers");
+            stats.recovered += n as u64;
+            shared.wake.notify_waiters();
         }
-        Err(error) => {
+        ConsumerEvent::Exhausted(d, max) => {
+            let report = settle_exhausted(ctx, d, max).await;
+            shared.observe(&report, stats);
+        }
+        ConsumerEvent::Error(error) => {
             stats.transport_errors += 1;
-            tracing::warn!(%error, "recovering dead consumers failed; trying again later");
+            tracing::warn!(%error, "the transport's background work failed; it tries again");
         }
     }
 }
 
-/// Beside the workers: heartbeat, recovery, promotion of due delayed messages. Never per
-/// message: the earliest due time of this consumer's own delayed messages is kept in
-/// memory, other consumers' are looked up once per heartbeat.
-async fn maintenance(shared: Arc<Shared>) -> Stats {
+/// Beside the workers: the transport's events, and the queue depth gauge (sampled once a
+/// heartbeat interval, never per message). Whatever a broker needs beside the message
+/// loop (Redis: heartbeat, recovery, promotion) is the transport's own background work.
+async fn background(shared: Arc<Shared>, mut events: UnboundedReceiver<ConsumerEvent>) -> Stats {
     let ctx = &shared.ctx;
-    let cfg = &ctx.config;
-    let queue = cfg.queue.as_str();
+    let queue = ctx.config.queue.as_str();
+    let interval = ctx.config.heartbeat_interval;
     let mut stats = Stats::default();
-    let now = Instant::now();
-    let mut next_heartbeat = now + cfg.heartbeat_interval;
-    let mut next_recovery = now + cfg.recovery_interval;
-    let mut next_poll = now + cfg.heartbeat_interval;
+    let mut next_sample = Instant::now() + interval;
+    let mut open = true;
     loop {
+        let stop = shared.bg_stop.notified();
+        tokio::pin!(stop);
+        stop.as_mut().enable();
         if shared.maint_stop.load(Ordering::SeqCst) {
             break;
         }
-        let due_at = ctx.due_instant(ctx.earliest_due.load(Ordering::SeqCst));
-        let mut wake = next_heartbeat.min(next_recovery).min(next_poll);
-        if let Some(d) = due_at {
-            wake = wake.min(d);
-        }
-        let notified = ctx.maint.notified();
         tokio::select! {
-            () = tokio::time::sleep_until(wake) => {}
-            () = notified => {}
-        }
-        if shared.maint_stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let now = Instant::now();
-        if now >= next_heartbeat {
-            if let Err(error) = ctx.transport.heartbeat(queue, cfg.heartbeat_ttl).await {
-                stats.transport_errors += 1;
-                tracing::warn!(%error, "heartbeat failed");
+            event = events.recv(), if open => match event {
+                Some(event) => on_event(&shared, event, &mut stats).await,
+                None => open = false,
+            },
+            () = tokio::time::sleep_until(next_sample) => {
+                metrics::sample_depth(ctx.transport.as_ref(), queue).await;
+                next_sample = Instant::now() + interval;
             }
-            metrics::sample_depth(ctx.transport.as_ref(), queue).await;
-            next_heartbeat = now + cfg.heartbeat_interval;
+            () = stop => break,
         }
-        if now >= next_recovery {
-            recover_once(&shared, &mut stats).await;
-            next_recovery = Instant::now() + cfg.recovery_interval;
-        }
-        let due_now = ctx
-            .due_instant(ctx.earliest_due.load(Ordering::SeqCst))
-            .is_some_and(|at| at <= now);
-        if due_now || now >= next_poll {
-            if due_now {
-                ctx.earliest_due.store(u64::MAX, Ordering::SeqCst);
-                loop {
-                    match ctx.transport.promote_due(queue, PROMOTE_BATCH).await {
-                        Ok(n) if n >= PROMOTE_BATCH => continue,
-                        Ok(n) => {
-                            if n > 0 {
-                                shared.wake.notify_waiters();
-                            }
-                            break;
-                        }
-                        Err(error) => {
-                            stats.transport_errors += 1;
-                            tracing::warn!(%error, "promoting delayed messages failed");
-                            // Try again soon.
-                            let at =
-                                ctx.due_mark(now + cfg.backoff_max.min(Duration::from_secs(1)));
-                            ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
-                            break;
-                        }
-                    }
-                }
-            }
-            match ctx.transport.next_due(queue).await {
-                Ok(Some(wait)) => {
-                    let at = ctx.due_mark(Instant::now() + wait);
-                    ctx.earliest_due.fetch_min(at, Ordering::SeqCst);
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    stats.transport_errors += 1;
-                    tracing::warn!(%error, "looking up delayed messages failed");
-                }
-            }
-            next_poll = Instant::now() + cfg.heartbeat_interval;
-        }
+    }
+    while let Ok(event) = events.try_recv() {
+        on_event(&shared, event, &mut stats).await;
     }
     stats
 }
@@ -415,16 +365,24 @@ where
         blocking: tokio::sync::Mutex::new(()),
         gave_up: Mutex::new(None),
         maint_stop: AtomicBool::new(false),
+        bg_stop: Notify::new(),
     });
     let mut stats = Stats::default();
 
-    // Register, and take back what dead consumers left, before reserving.
-    if let Err(error) = app.transport.heartbeat(&queue, config.heartbeat_ttl).await {
+    // The transport starts what its broker needs beside the message loop (Redis: it
+    // registers, and takes back what dead consumers left, before the first reserve).
+    let (sink, events) = EventSink::channel();
+    let options = ConsumerOptions::new(config.concurrency)
+        .heartbeat(config.heartbeat_interval, config.heartbeat_ttl)
+        .recovery(config.recovery_interval, config.max_recoveries)
+        .backoff_max(config.backoff_max)
+        .with_events(sink);
+    if let Err(error) = app.transport.start_consumer(&queue, &options).await {
         stats.transport_errors += 1;
-        tracing::warn!(%error, "heartbeat failed");
+        tracing::warn!(%error, "starting the consumer failed; reserving anyway");
     }
-    recover_once(&shared, &mut stats).await;
-    let maint = tokio::spawn(maintenance(Arc::clone(&shared)));
+    drop(options);
+    let maint = tokio::spawn(background(Arc::clone(&shared), events));
 
     let mut workers = JoinSet::new();
     for _ in 0..config.concurrency {
@@ -471,14 +429,14 @@ where
     while let Some(done) = workers.join_next().await {
         merge(done, &mut stats);
     }
-    shared.maint_stop.store(true, Ordering::SeqCst);
-    shared.ctx.maint.notify_one();
-    match maint.await {
-        Ok(s) => stats.merge(&s),
-        Err(e) => tracing::error!(error = %e, "maintenance task failed"),
-    }
     if let Err(error) = app.transport.leave(&queue).await {
         tracing::warn!(%error, "leaving the consumer registry failed; the heartbeat expires by itself");
+    }
+    shared.maint_stop.store(true, Ordering::SeqCst);
+    shared.bg_stop.notify_one();
+    match maint.await {
+        Ok(s) => stats.merge(&s),
+        Err(e) => tracing::error!(error = %e, "the consumer's background task failed"),
     }
     let gave_up = lock(&shared.gave_up).take();
     match gave_up {
