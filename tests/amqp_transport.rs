@@ -13,7 +13,7 @@ use amqp_support::{delete_all, raw_channel, raw_get, ready, unique_queue, url};
 use babelqueue::amqp::lapin::options::QueueDeclareOptions;
 use babelqueue::amqp::lapin::types::{AMQPValue, FieldTable};
 use babelqueue::amqp::{AmqpTransport, delay_bucket, delay_queue};
-use babelqueue::runtime::{Headers, Transport};
+use babelqueue::runtime::{Headers, Republish, Transport};
 use babelqueue::Envelope;
 use serde_json::{Value, json};
 
@@ -187,7 +187,7 @@ async fn a_delayed_requeue_waits_in_a_delay_queue_without_a_worker() {
     let retried = envelope("urn:babel:x:retry", 1);
     let delay = Duration::from_millis(700);
     let start = Instant::now();
-    t.requeue(&d, retried.clone(), delay).await.unwrap();
+    t.requeue(&d, Republish::with_body(retried.clone()), delay).await.unwrap();
     // The original is acked, the copy waits in the delay queue of the bucket.
     let bucket = delay_bucket(delay);
     assert_eq!(ready(&delay_queue(&queue, bucket)).await, 1);
@@ -223,7 +223,7 @@ async fn an_unchanged_put_back_without_delay_is_redelivered() {
     let body = envelope("urn:babel:x:later", 0);
     t.publish_raw(&queue, body.clone()).await.unwrap();
     let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
-    t.requeue(&d, d.element().to_vec(), Duration::ZERO).await.unwrap();
+    t.requeue(&d, Republish::unchanged(), Duration::ZERO).await.unwrap();
     let again = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
     assert_eq!(again.body(), body);
     t.ack(&again).await.unwrap();

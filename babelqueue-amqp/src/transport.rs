@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use babelqueue_core::handler::BoxFuture;
 use babelqueue_core::runtime::{
-    Delivery, Headers, QueueDepth, Transport, TransportError, encode_element, unframe,
+    ConsumerOptions, Delivery, Headers, QueueDepth, Republish, Transport, TransportError,
 };
 use futures_core::Stream;
 use lapin::options::{
@@ -417,8 +417,9 @@ impl AmqpTransport {
         })
     }
 
-    /// The prefetch of a consumer started without [`start_consumer`](Transport) options
-    /// (default 1). Set it before the first reserve.
+    /// The prefetch of a consumer started by a reserve without
+    /// [`start_consumer`](Transport::start_consumer) (which an `App` calls with its
+    /// concurrency), default 1. Set it before the first reserve.
     ///
     /// ```
     /// let t = babelqueue_amqp::AmqpTransport::lazy("amqp://127.0.0.1")?.with_prefetch(16);
@@ -530,6 +531,23 @@ impl AmqpTransport {
         Ok(c)
     }
 
+    /// Starts the consumer of `queue` with `prefetch` (or sets the prefetch of the running
+    /// one).
+    async fn start_consumer_impl(&self, queue: &str, prefetch: u16) -> Result<(), TransportError> {
+        lock(&self.inner.prefetch).insert(queue.to_owned(), prefetch);
+        let conn = self.conn().await?;
+        let c = self.consumer(&conn, queue).await?;
+        let current = *lock(&c.prefetch);
+        if current != prefetch {
+            c.channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+                .map_err(map_err)?;
+            *lock(&c.prefetch) = prefetch;
+        }
+        Ok(())
+    }
+
     /// The live consumer of `queue` that delivered `tag`, without reconnecting; `None`
     /// when that channel is gone (the broker has put its unacked messages back).
     async fn consumer_of(&self, queue: &str, tag: u64) -> Option<Arc<Consume>> {
@@ -543,7 +561,7 @@ impl AmqpTransport {
         c.outstanding.fetch_add(1, Ordering::Relaxed);
         let tag = (c.id << TAG_BITS) | (d.delivery_tag & TAG_MASK);
         let headers = out_of_band(d.properties.headers().as_ref());
-        native_delivery(queue, d.data, headers, tag)
+        Delivery::native(queue, d.data, headers, tag)
     }
 
     async fn reserve_impl(
@@ -637,11 +655,12 @@ impl AmqpTransport {
     async fn requeue_impl(
         &self,
         delivery: &Delivery,
-        body: &[u8],
-        headers: Option<&Headers>,
-        unchanged: bool,
+        republish: &Republish,
         delay: Duration,
     ) -> Result<(), TransportError> {
+        let unchanged = republish.is_unchanged();
+        let body = republish.body(delivery);
+        let headers = republish.headers(delivery);
         let queue = delivery.queue();
         let Some(c) = self.consumer_of(queue, delivery.tag()).await else {
             tracing::warn!(
@@ -795,18 +814,6 @@ impl AmqpTransport {
     }
 }
 
-/// TEMPORARY until the runtime's broker-neutral `Delivery::native` lands: the headers ride
-/// in a header frame that [`Delivery::new`] unwraps.
-fn native_delivery(queue: &str, body: Vec<u8>, headers: Headers, tag: u64) -> Delivery {
-    if headers.is_empty() {
-        return Delivery::new(queue, body, tag);
-    }
-    match encode_element(&body, Some(&headers)) {
-        Ok(frame) => Delivery::new(queue, frame, tag),
-        Err(_) => Delivery::new(queue, body, tag),
-    }
-}
-
 impl Transport for AmqpTransport {
     fn publish_raw<'a>(
         &'a self,
@@ -840,21 +847,20 @@ impl Transport for AmqpTransport {
     fn requeue<'a>(
         &'a self,
         delivery: &'a Delivery,
-        element: Vec<u8>,
+        republish: Republish,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move { self.requeue_impl(delivery, &republish, delay).await })
+    }
+
+    fn start_consumer<'a>(
+        &'a self,
+        queue: &'a str,
+        options: &'a ConsumerOptions,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let unchanged = element == delivery.element();
-            match unframe(&element) {
-                Some((headers, body)) => {
-                    self.requeue_impl(delivery, &body, Some(&headers), unchanged, delay)
-                        .await
-                }
-                None => {
-                    self.requeue_impl(delivery, &element, None, unchanged, delay)
-                        .await
-                }
-            }
+            let prefetch = u16::try_from(options.concurrency()).unwrap_or(u16::MAX).max(1);
+            self.start_consumer_impl(queue, prefetch).await
         })
     }
 
