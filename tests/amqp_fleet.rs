@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use amqp_support::{OwnNode, delayed_at, delete_all, delete_all_at, ready, ready_at, unique_queue, url};
+use amqp_support::{
+    OwnNode, delayed_at, delete_all, delete_all_at, ready, ready_at, unique_queue, url,
+};
 use babelqueue::amqp::AmqpTransport;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisStoreError};
@@ -140,7 +142,12 @@ struct Consumer(Option<Child>);
 impl Consumer {
     fn start(queue: &str, prefix: &str) -> Self {
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_consumer", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "child_consumer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD, "1")
             .env("BQ_QUEUE", queue)
             .env("BQ_PREFIX", prefix)
@@ -178,8 +185,8 @@ impl Drop for Consumer {
 
 async fn publish_payments(t: &AmqpTransport, queue: &str, n: u64) {
     for i in 1..=n {
-        let mut env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}"), "n": i}))
-            .unwrap();
+        let mut env =
+            Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}"), "n": i})).unwrap();
         env.meta.queue = queue.to_owned();
         t.publish(queue, &env).await.unwrap();
     }
@@ -208,7 +215,10 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing() {
         if n >= N / 4 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no progress: {n}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no progress: {n}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Mid-run: no shutdown, no ack of what it holds. The broker puts that back.
@@ -246,7 +256,11 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing() {
     // A second charge only for what the killed one held (prefetch = concurrency 4).
     assert!(doubles <= 4, "{doubles} double charges");
     assert_eq!(ready(&queue).await, 0, "the queue is empty");
-    assert_eq!(delayed_at(&url(), &queue).await, 0, "the delay queues are empty");
+    assert_eq!(
+        delayed_at(&url(), &queue).await,
+        0,
+        "the delay queues are empty"
+    );
     let keys: Vec<String> = effects.keys(format!("{prefix}:*")).await.unwrap();
     if !keys.is_empty() {
         let _: () = effects.del(keys).await.unwrap();
@@ -318,7 +332,10 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
     .await
     .unwrap();
     let down_for = stopped.elapsed();
-    let stats = drain.await.unwrap().expect("the drain finishes after the restart");
+    let stats = drain
+        .await
+        .unwrap()
+        .expect("the drain finishes after the restart");
     let charged = charged.lock().unwrap().clone();
     let unique: HashSet<&String> = charged.iter().collect();
     println!(
@@ -328,10 +345,27 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
         down_for.as_millis()
     );
     assert_eq!(unique.len() as u64, N, "nothing lost");
-    assert_eq!(charged.len() as u64, N, "each charged once (the guard absorbs redeliveries)");
-    assert!(stats.transport_errors > 0, "the restart was seen: {stats:?}");
-    assert_eq!(ready_at(&broker, &queue).await, 0, "nothing stranded in the queue");
-    assert_eq!(delayed_at(&broker, &queue).await, 0, "nor in the delay queues");
+    assert_eq!(
+        charged.len() as u64,
+        N,
+        "each charged once (the guard absorbs redeliveries)"
+    );
+    assert!(
+        stats.transport_errors > 0,
+        "the restart was seen: {stats:?}"
+    );
+    assert_eq!(
+        ready_at(&broker, &queue).await,
+        0,
+        "nothing stranded in the queue"
+    );
+    assert_eq!(
+        delayed_at(&broker, &queue).await,
+        0,
+        "nor in the delay queues"
+    );
     delete_all_at(&broker, &queue).await;
-    tokio::task::spawn_blocking(move || drop(node)).await.unwrap();
+    tokio::task::spawn_blocking(move || drop(node))
+        .await
+        .unwrap();
 }

@@ -83,7 +83,9 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
                 guard_async(&*st, &env, async {
                     let id = env.data["payment_id"].as_str().unwrap().to_owned();
                     let mut ch = ch.lock().unwrap();
-                    let e = ch.entry(id).or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
+                    let e = ch
+                        .entry(id)
+                        .or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
                     e.0 += 1;
                     assert_eq!(env.data["customer"], "Zoë Ångström");
                     Ok::<(), Never>(())
@@ -111,8 +113,11 @@ async fn rust_publishes_and_the_python_sdk_consumer_handles_them() {
     let queue = unique_queue("rust-to-py");
     let t = AmqpTransport::open(&url()).await.unwrap();
     for i in 0..100 {
-        let mut env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}"), "amount": i}))
-            .unwrap();
+        let mut env = Envelope::new(
+            CHARGE,
+            json!({"payment_id": format!("pay_{i}"), "amount": i}),
+        )
+        .unwrap();
         env.meta.queue = queue.clone();
         let body = env.encode();
         t.publish_raw(&queue, body.clone()).await.unwrap();
@@ -141,7 +146,11 @@ async fn a_raw_pika_read_shows_the_projection_with_native_types() {
     t.publish_raw(&queue, body.clone()).await.unwrap();
     let out = python("raw-get", &queue, &[]);
     let got: Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(got["body"].as_str().unwrap().as_bytes(), body, "byte for byte");
+    assert_eq!(
+        got["body"].as_str().unwrap().as_bytes(),
+        body,
+        "byte for byte"
+    );
     let p = &got["properties"];
     assert_eq!(p["type"], json!([CHARGE, "str"]));
     assert_eq!(p["correlation_id"], json!([env.trace_id, "str"]));
@@ -151,7 +160,11 @@ async fn a_raw_pika_read_shows_the_projection_with_native_types() {
     assert_eq!(p["content_encoding"], json!(["utf-8", "str"]));
     assert_eq!(p["delivery_mode"], json!([2, "int"]));
     let h = &got["headers"];
-    assert_eq!(h["x-schema-version"], json!([1, "int"]), "an integer, not a string");
+    assert_eq!(
+        h["x-schema-version"],
+        json!([1, "int"]),
+        "an integer, not a string"
+    );
     assert_eq!(h["x-source-lang"], json!(["rust", "str"]));
     assert_eq!(h["x-attempts"], json!([2, "int"]));
     assert_eq!(h.as_object().unwrap().len(), 3, "{h}");

@@ -36,9 +36,12 @@ async fn two_hundred_payments_published_twice_are_charged_once_each() {
     let t = transport().await;
     // Each payment twice, byte for byte (what a redelivery looks like on the wire).
     for i in 0..200 {
-        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}"), "amount": 100 + i}))
-            .unwrap()
-            .encode();
+        let env = Envelope::new(
+            CHARGE,
+            json!({"payment_id": format!("pay_{i}"), "amount": 100 + i}),
+        )
+        .unwrap()
+        .encode();
         t.publish_raw(&queue, env.clone()).await.unwrap();
         t.publish_raw(&queue, env).await.unwrap();
     }
@@ -121,7 +124,11 @@ async fn a_handler_failing_twice_is_retried_after_its_backoff_through_the_delay_
     assert!(gaps[1] < Duration::from_secs(5), "{gaps:?}");
     assert_eq!((stats.succeeded, stats.retried), (1, 2), "{stats:?}");
     assert_eq!(ready(&queue).await, 0);
-    assert_eq!(delayed_at(&url(), &queue).await, 0, "the delay queues are empty");
+    assert_eq!(
+        delayed_at(&url(), &queue).await,
+        0,
+        "the delay queues are empty"
+    );
     delete_all(&queue).await;
 }
 
@@ -198,7 +205,11 @@ async fn a_poison_body_lands_in_the_dlq_with_its_bytes_intact() {
             h.fetch_add(1, Ordering::SeqCst);
         });
     let stats = app.drain().await.unwrap();
-    assert_eq!(handled.load(Ordering::SeqCst), 1, "one bad message never stops the loop");
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        1,
+        "one bad message never stops the loop"
+    );
     assert_eq!(stats.poison, 1, "{stats:?}");
     let (conn, ch) = raw_channel().await;
     let got = raw_get(&ch, &dead_letter_queue(&queue))

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use amqp_support::{delete_all, raw_channel, raw_get, ready, unique_queue, url};
+use babelqueue::Envelope;
 use babelqueue::amqp::lapin::options::QueueDeclareOptions;
 use babelqueue::amqp::lapin::types::{AMQPValue, FieldTable};
 use babelqueue::amqp::{AmqpTransport, delay_bucket, delay_queue};
 use babelqueue::runtime::{Headers, Republish, Transport};
-use babelqueue::Envelope;
 use serde_json::{Value, json};
 
 fn conformance_dir() -> PathBuf {
@@ -50,14 +50,20 @@ async fn publish_reserve_ack_is_byte_identical() {
     let t = transport().await;
     // Bytes no re-encoding would keep: spacing, key order, escapes, non-ASCII.
     let body = "{ \"job\":\"urn:babel:x:y\",  \"data\":{\"z\":1,\"a\":\"Zo\\u00eb \u{2615}\"},\"trace_id\":\"t\",\"meta\":{\"id\":\"i\",\"queue\":\"q\",\"lang\":\"go\",\"schema_version\":1,\"created_at\":1},\"attempts\":0 }";
-    t.publish_raw(&queue, body.as_bytes().to_vec()).await.unwrap();
+    t.publish_raw(&queue, body.as_bytes().to_vec())
+        .await
+        .unwrap();
     let d = t
         .reserve(&queue, Duration::from_secs(5))
         .await
         .unwrap()
         .expect("the message");
     assert_eq!(d.body(), body.as_bytes());
-    assert!(d.headers().is_none(), "no out-of-band header: {:?}", d.headers());
+    assert!(
+        d.headers().is_none(),
+        "no out-of-band header: {:?}",
+        d.headers()
+    );
     assert_eq!(d.queue(), queue);
     let depth = t.depth(&queue).await.unwrap();
     assert_eq!((depth.ready, depth.in_flight), (0, 1));
@@ -101,10 +107,16 @@ async fn the_projection_on_the_wire_is_the_conformance_block() {
         o.as_ref().map(|v| v.as_str().to_owned())
     };
     assert_eq!(s(p.kind()).as_deref(), props["type"].as_str());
-    assert_eq!(s(p.correlation_id()).as_deref(), props["correlation_id"].as_str());
+    assert_eq!(
+        s(p.correlation_id()).as_deref(),
+        props["correlation_id"].as_str()
+    );
     assert_eq!(s(p.message_id()).as_deref(), props["message_id"].as_str());
     assert_eq!(s(p.app_id()).as_deref(), props["app_id"].as_str());
-    assert_eq!(s(p.content_type()).as_deref(), props["content_type"].as_str());
+    assert_eq!(
+        s(p.content_type()).as_deref(),
+        props["content_type"].as_str()
+    );
     assert_eq!(*p.delivery_mode(), Some(2), "persistent");
     let headers = p.headers().as_ref().expect("the projection's headers");
     let expected = block["headers"].as_object().unwrap();
@@ -143,34 +155,54 @@ async fn out_of_band_headers_ride_the_header_table() {
     let t = transport().await;
     let body = envelope("urn:babel:payments:charge", 2);
     let mut h = Headers::new();
-    h.insert("traceparent".into(), json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
+    h.insert(
+        "traceparent".into(),
+        json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    );
     h.insert("x-babelqueue-releases".into(), json!(3));
     // A collision: the projection wins.
     h.insert("x-attempts".into(), json!(99));
-    t.publish_with_headers(&queue, &body, Some(&h)).await.unwrap();
-    t.publish_with_headers(&queue, &body, Some(&h)).await.unwrap();
+    t.publish_with_headers(&queue, &body, Some(&h))
+        .await
+        .unwrap();
+    t.publish_with_headers(&queue, &body, Some(&h))
+        .await
+        .unwrap();
 
     let (conn, ch) = raw_channel().await;
     let got = raw_get(&ch, &queue).await.unwrap().delivery;
     assert_eq!(got.data, body);
     let table = got.properties.headers().as_ref().unwrap().inner().clone();
     assert!(
-        matches!(table.get("x-attempts"), Some(AMQPValue::LongInt(2) | AMQPValue::LongLongInt(2))),
+        matches!(
+            table.get("x-attempts"),
+            Some(AMQPValue::LongInt(2) | AMQPValue::LongLongInt(2))
+        ),
         "{table:?}"
     );
     assert_eq!(
         table.get("x-babelqueue-releases"),
         Some(&AMQPValue::LongLongInt(3))
     );
-    assert!(matches!(table.get("traceparent"), Some(AMQPValue::LongString(_))));
+    assert!(matches!(
+        table.get("traceparent"),
+        Some(AMQPValue::LongString(_))
+    ));
     let _ = conn.close(200, "OK".into()).await;
 
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(d.body(), body);
     let got = d.headers().expect("out-of-band headers");
     assert_eq!(got["traceparent"], h["traceparent"]);
     assert_eq!(got["x-babelqueue-releases"], json!(3));
-    assert!(got.get("x-attempts").is_none(), "the projection is not out-of-band: {got:?}");
+    assert!(
+        got.get("x-attempts").is_none(),
+        "the projection is not out-of-band: {got:?}"
+    );
     assert!(got.get("x-source-lang").is_none());
     t.ack(&d).await.unwrap();
     t.leave(&queue).await.unwrap();
@@ -182,12 +214,20 @@ async fn out_of_band_headers_ride_the_header_table() {
 async fn a_delayed_requeue_waits_in_a_delay_queue_without_a_worker() {
     let queue = unique_queue("delay");
     let t = transport().await;
-    t.publish_raw(&queue, envelope("urn:babel:x:retry", 0)).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    t.publish_raw(&queue, envelope("urn:babel:x:retry", 0))
+        .await
+        .unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     let retried = envelope("urn:babel:x:retry", 1);
     let delay = Duration::from_millis(700);
     let start = Instant::now();
-    t.requeue(&d, Republish::with_body(retried.clone()), delay).await.unwrap();
+    t.requeue(&d, Republish::with_body(retried.clone()), delay)
+        .await
+        .unwrap();
     // The original is acked, the copy waits in the delay queue of the bucket.
     let bucket = delay_bucket(delay);
     assert_eq!(ready(&delay_queue(&queue, bucket)).await, 1);
@@ -222,9 +262,19 @@ async fn an_unchanged_put_back_without_delay_is_redelivered() {
     let t = transport().await;
     let body = envelope("urn:babel:x:later", 0);
     t.publish_raw(&queue, body.clone()).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
-    t.requeue(&d, Republish::unchanged(), Duration::ZERO).await.unwrap();
-    let again = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    t.requeue(&d, Republish::unchanged(), Duration::ZERO)
+        .await
+        .unwrap();
+    let again = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(again.body(), body);
     t.ack(&again).await.unwrap();
     t.leave(&queue).await.unwrap();
@@ -239,11 +289,21 @@ async fn an_ack_for_a_closed_channel_is_skipped_and_the_broker_redelivers() {
     let t = transport().await;
     let body = envelope("urn:babel:x:stale", 0);
     t.publish_raw(&queue, body.clone()).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     // The consumer's channel closes with the message unacked: the broker puts it back.
     t.leave(&queue).await.unwrap();
-    t.ack(&d).await.expect("a stale ack is skipped, not an error");
-    let again = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    t.ack(&d)
+        .await
+        .expect("a stale ack is skipped, not an error");
+    let again = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(again.body(), body, "redelivered by the broker");
     assert_ne!(again.tag(), d.tag(), "another channel");
     t.ack(&again).await.unwrap();
@@ -271,11 +331,16 @@ async fn a_mismatched_declaration_is_a_clear_error_and_the_transport_goes_on() {
         .unwrap_err();
     assert!(!err.is_connection(), "{err:?}");
     let text = format!("{err:?}");
-    assert!(text.contains("PRECONDITION_FAILED") || text.contains("PRECONDITION"), "{text}");
+    assert!(
+        text.contains("PRECONDITION_FAILED") || text.contains("PRECONDITION"),
+        "{text}"
+    );
     assert!(err.to_string().contains("broker error"));
     // The refusal closed a channel; the transport reopens it.
     let other = unique_queue("after-mismatch");
-    t.publish_raw(&other, envelope("urn:babel:x:y", 0)).await.unwrap();
+    t.publish_raw(&other, envelope("urn:babel:x:y", 0))
+        .await
+        .unwrap();
     assert_eq!(ready(&other).await, 1);
     delete_all(&queue).await;
     delete_all(&other).await;

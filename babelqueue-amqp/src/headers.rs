@@ -53,8 +53,12 @@ pub fn to_json(value: &AMQPValue) -> Value {
             Number::from_f64(v).map_or(Value::Null, Value::Number)
         }
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
-        AMQPValue::LongString(s) => Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ByteArray(b) => Value::String(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::LongString(s) => {
+            Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        AMQPValue::ByteArray(b) => {
+            Value::String(String::from_utf8_lossy(b.as_slice()).into_owned())
+        }
         AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(to_json).collect()),
         AMQPValue::FieldTable(t) => Value::Object(
             t.into_iter()
@@ -117,9 +121,18 @@ mod tests {
         t.insert("x-attempts".into(), AMQPValue::LongLongInt(2));
         t.insert("x-schema-version".into(), AMQPValue::LongLongInt(1));
         t.insert("x-source-lang".into(), AMQPValue::LongString("php".into()));
-        t.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::default()));
-        t.insert("x-first-death-queue".into(), AMQPValue::LongString("q".into()));
-        t.insert("x-last-death-reason".into(), AMQPValue::LongString("expired".into()));
+        t.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::default()),
+        );
+        t.insert(
+            "x-first-death-queue".into(),
+            AMQPValue::LongString("q".into()),
+        );
+        t.insert(
+            "x-last-death-reason".into(),
+            AMQPValue::LongString("expired".into()),
+        );
         t.insert("traceparent".into(), AMQPValue::LongString("00-ab".into()));
         t.insert("x-babelqueue-releases".into(), AMQPValue::LongInt(2));
         let h = out_of_band(Some(&t));
@@ -139,7 +152,10 @@ mod tests {
             to_json(&AMQPValue::LongString(LongString::from(&b"\xffok"[..]))),
             json!("\u{fffd}ok")
         );
-        assert_eq!(from_json(&json!(u64::MAX)), Some(AMQPValue::Double(u64::MAX as f64)));
+        assert_eq!(
+            from_json(&json!(u64::MAX)),
+            Some(AMQPValue::Double(u64::MAX as f64))
+        );
         let long_key = "k".repeat(256);
         assert_eq!(from_json(&json!({ long_key: 1 })), None);
     }

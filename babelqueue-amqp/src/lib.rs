@@ -28,9 +28,7 @@ mod projection;
 mod transport;
 
 pub use headers::PROJECTION_HEADERS;
-pub use names::{
-    DELAY_QUEUE_GRACE, MAX_DELAY, dead_letter_queue, delay_bucket, delay_queue,
-};
+pub use names::{DELAY_QUEUE_GRACE, MAX_DELAY, dead_letter_queue, delay_bucket, delay_queue};
 pub use transport::AmqpTransport;
 
 /// The AMQP client this transport is built on (to inspect queues or messages yourself).

@@ -8,7 +8,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use crate::headers::from_json;
 
 fn short(s: &str) -> Option<ShortString> {
-    ShortString::try_new(s).ok().filter(|s| !s.as_str().is_empty())
+    ShortString::try_new(s)
+        .ok()
+        .filter(|s| !s.as_str().is_empty())
 }
 
 /// A contract header value on the wire: an integer as a 32-bit signed `I` when it fits,
@@ -82,7 +84,10 @@ mod tests {
         h.insert("traceparent".into(), json!("00-ab"));
         h.insert("x-attempts".into(), json!(99));
         let p = properties(body, Some(&h));
-        assert_eq!(p.kind().as_ref().unwrap().as_str(), "urn:babel:orders:created");
+        assert_eq!(
+            p.kind().as_ref().unwrap().as_str(),
+            "urn:babel:orders:created"
+        );
         assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "t-1");
         assert_eq!(p.message_id().as_ref().unwrap().as_str(), "m-1");
         assert_eq!(p.app_id().as_ref().unwrap().as_str(), "babelqueue");
@@ -95,20 +100,29 @@ mod tests {
             t.get("x-source-lang"),
             Some(&AMQPValue::LongString("php".into()))
         );
-        assert_eq!(t.get("traceparent"), Some(&AMQPValue::LongString("00-ab".into())));
+        assert_eq!(
+            t.get("traceparent"),
+            Some(&AMQPValue::LongString("00-ab".into()))
+        );
     }
 
     #[test]
     fn a_poison_body_gets_only_content_type_and_persistence() {
         let p = properties(b"\xff not json", None);
-        assert_eq!(p.content_type().as_ref().unwrap().as_str(), "application/json");
+        assert_eq!(
+            p.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
         assert_eq!(*p.delivery_mode(), Some(2));
         assert!(p.kind().is_none() && p.headers().is_none() && p.message_id().is_none());
     }
 
     #[test]
     fn big_integers_are_64_bit() {
-        assert_eq!(native(HeaderValue::Int(1 << 40)), AMQPValue::LongLongInt(1 << 40));
+        assert_eq!(
+            native(HeaderValue::Int(1 << 40)),
+            AMQPValue::LongLongInt(1 << 40)
+        );
         assert_eq!(native(HeaderValue::Int(-1)), AMQPValue::LongInt(-1));
     }
 }

@@ -14,8 +14,8 @@ use babelqueue_core::runtime::{
 };
 use futures_core::Stream;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
-    BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -23,9 +23,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::time::Instant;
 
 use crate::headers::out_of_band;
-use crate::names::{
-    delay_bucket, delay_queue, delay_queue_expires, delay_queue_redeclare_after,
-};
+use crate::names::{delay_bucket, delay_queue, delay_queue_expires, delay_queue_redeclare_after};
 use crate::projection::properties;
 
 /// Bits of a [`Delivery::tag`] that hold the AMQP delivery tag; the bits above hold the
@@ -189,7 +187,10 @@ impl Conn {
         }
         let short_name = short(&name)?;
         let mut args = FieldTable::default();
-        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl.as_millis() as i64));
+        args.insert(
+            "x-message-ttl".into(),
+            AMQPValue::LongLongInt(ttl.as_millis() as i64),
+        );
         args.insert(
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString(LongString::from("")),
@@ -453,15 +454,13 @@ impl AmqpTransport {
             tracing::warn!(url = %redact(&self.inner.url), "AMQP connection lost; reconnecting");
             *lock(&self.inner.current) = None;
         }
-        let props = ConnectionProperties::default()
-            .with_connection_name(LongString::from("babelqueue-rs"));
-        let connection = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(&self.inner.url, props),
-        )
-        .await
-        .map_err(|_| TransportError::connection("connecting to the AMQP broker timed out"))?
-        .map_err(TransportError::connection)?;
+        let props =
+            ConnectionProperties::default().with_connection_name(LongString::from("babelqueue-rs"));
+        let connection =
+            tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.inner.url, props))
+                .await
+                .map_err(|_| TransportError::connection("connecting to the AMQP broker timed out"))?
+                .map_err(TransportError::connection)?;
         let publisher = connection.create_channel().await.map_err(map_err)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
@@ -706,7 +705,11 @@ impl AmqpTransport {
 
     /// Messages waiting in the delay queues of `queue` this transport used, and the time
     /// until the latest of them is due.
-    async fn delayed(&self, conn: &Conn, queue: &str) -> Result<(u64, Option<Duration>), TransportError> {
+    async fn delayed(
+        &self,
+        conn: &Conn,
+        queue: &str,
+    ) -> Result<(u64, Option<Duration>), TransportError> {
         let buckets: Vec<(u64, Instant)> = lock(&self.inner.delays)
             .get(queue)
             .map(|b| b.iter().map(|(k, v)| (*k, *v)).collect())
@@ -859,7 +862,9 @@ impl Transport for AmqpTransport {
         options: &'a ConsumerOptions,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let prefetch = u16::try_from(options.concurrency()).unwrap_or(u16::MAX).max(1);
+            let prefetch = u16::try_from(options.concurrency())
+                .unwrap_or(u16::MAX)
+                .max(1);
             self.start_consumer_impl(queue, prefetch).await
         })
     }

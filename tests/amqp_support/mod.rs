@@ -8,7 +8,8 @@ use babelqueue::amqp::lapin::options::{BasicGetOptions, QueueDeleteOptions};
 use babelqueue::amqp::lapin::{self, Channel, Connection, ConnectionProperties};
 use babelqueue::amqp::{dead_letter_queue, delay_bucket, delay_queue};
 
-pub const NEEDS: &str = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored";
+pub const NEEDS: &str =
+    "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored";
 
 pub fn url() -> String {
     std::env::var("BABELQUEUE_AMQP_URL")
@@ -121,8 +122,8 @@ fn free_port() -> u16 {
 }
 
 fn rabbit_bin(name: &str) -> std::path::PathBuf {
-    let dir = std::env::var("BABELQUEUE_RABBITMQ_BIN")
-        .unwrap_or_else(|_| "/usr/lib/rabbitmq/bin".into());
+    let dir =
+        std::env::var("BABELQUEUE_RABBITMQ_BIN").unwrap_or_else(|_| "/usr/lib/rabbitmq/bin".into());
     std::path::Path::new(&dir).join(name)
 }
 
@@ -135,7 +136,10 @@ impl OwnNode {
         std::fs::write(dir.join("env.conf"), "").unwrap();
         std::fs::write(dir.join("rabbit.conf"), "log.console = false\n").unwrap();
         let mut node = OwnNode {
-            name: format!("bqtest-{}@localhost", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            name: format!(
+                "bqtest-{}@localhost",
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ),
             port: free_port(),
             dist_port: free_port(),
             dir,
