@@ -55,7 +55,7 @@ enum ChargeError {
 /// Every tenth payment fails its first attempt: retried through a delay queue.
 fn hiccups(env: &Envelope) -> bool {
     let n: u64 = env.data["n"].as_u64().unwrap_or(1);
-    n % 10 == 0 && env.attempts == 0
+    n.is_multiple_of(10) && env.attempts == 0
 }
 
 /// The child consumer process (does nothing unless `BQ_AMQP_CHILD` is set).

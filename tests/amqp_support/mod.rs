@@ -35,11 +35,9 @@ pub async fn raw_channel() -> (Connection, Channel) {
 
 /// One message of `queue` read with `basic.get` (acked: it is removed).
 pub async fn raw_get(ch: &Channel, queue: &str) -> Option<lapin::message::BasicGetMessage> {
-    let got = ch
-        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+    ch.basic_get(queue.into(), BasicGetOptions { no_ack: true })
         .await
-        .unwrap();
-    got
+        .unwrap()
 }
 
 /// Ready messages of `queue` (0 when it does not exist).
