@@ -33,3 +33,8 @@ pub use transport::AmqpTransport;
 
 /// The AMQP client this transport is built on (to inspect queues or messages yourself).
 pub use lapin;
+
+/// The code blocks of `README.md`, compiled as doctests so the README cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
