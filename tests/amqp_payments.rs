@@ -223,3 +223,93 @@ async fn a_poison_body_lands_in_the_dlq_with_its_bytes_intact() {
     assert_eq!(ready(&queue).await, 0);
     delete_all(&queue).await;
 }
+
+/// Not a benchmark (debug build, shared machine): the App's drain rate over RabbitMQ next
+/// to a bare lapin consume + ack loop on the same broker, printed for the record
+/// (`amqp-result: rate …`); it checks that both consumed every message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn drain_rate_next_to_a_bare_client_loop() {
+    use babelqueue::amqp::lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+    };
+    use babelqueue::amqp::lapin::types::FieldTable;
+    const N: usize = 3000;
+    let t = transport().await;
+    let body = Envelope::new(CHARGE, json!({"payment_id": "pay_rate"}))
+        .unwrap()
+        .encode();
+
+    // The bare client: consume + ack, prefetch 8.
+    let bare_q = unique_queue("rate-bare");
+    for _ in 0..N {
+        t.publish_raw(&bare_q, body.clone()).await.unwrap();
+    }
+    let (conn, ch) = raw_channel().await;
+    ch.basic_qos(8, BasicQosOptions::default()).await.unwrap();
+    ch.queue_declare(
+        bare_q.as_str().into(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let done_tx = Arc::new(Mutex::new(Some(done_tx)));
+    let acked = Arc::new(AtomicUsize::new(0));
+    let consumer = ch
+        .basic_consume(
+            bare_q.as_str().into(),
+            "bare".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let (a, tx) = (acked.clone(), done_tx.clone());
+    consumer.set_delegate(
+        move |delivery: babelqueue::amqp::lapin::message::DeliveryResult| {
+            let (a, tx) = (a.clone(), tx.clone());
+            async move {
+                if let Ok(Some(d)) = delivery {
+                    d.ack(BasicAckOptions::default()).await.unwrap();
+                    if a.fetch_add(1, Ordering::SeqCst) + 1 == N
+                        && let Some(tx) = tx.lock().unwrap().take()
+                    {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        },
+    );
+    done_rx.await.unwrap();
+    let bare = N as f64 / start.elapsed().as_secs_f64();
+    let _ = conn.close(200, "OK".into()).await;
+
+    // The App: decode, route, handler, ack; concurrency 8 = prefetch 8.
+    let app_q = unique_queue("rate-app");
+    for _ in 0..N {
+        t.publish_raw(&app_q, body.clone()).await.unwrap();
+    }
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let app = App::new(t.clone()).queue(&app_q).concurrency(8).route_sync(
+        CHARGE,
+        move |_env: &Envelope| {
+            h.fetch_add(1, Ordering::Relaxed);
+        },
+    );
+    let start = Instant::now();
+    let stats = app.drain().await.unwrap();
+    let rate = N as f64 / start.elapsed().as_secs_f64();
+    println!(
+        "amqp-result: rate app_c8={rate:.0}/s bare_c8={bare:.0}/s ratio={:.2}",
+        rate / bare
+    );
+    assert_eq!(handled.load(Ordering::Relaxed), N);
+    assert_eq!(stats.succeeded as usize, N);
+    assert_eq!(ready(&app_q).await + ready(&bare_q).await, 0);
+    delete_all(&bare_q).await;
+    delete_all(&app_q).await;
+}

@@ -291,7 +291,7 @@ struct Inner {
     /// The current connection, readable without waiting for a reconnect in progress.
     current: Mutex<Option<Arc<Conn>>>,
     next_consumer: AtomicU64,
-    default_prefetch: u16,
+    default_prefetch: std::sync::atomic::AtomicU16,
     /// Prefetch per consumed queue (set by `start_consumer`).
     prefetch: Mutex<HashMap<String, u16>>,
     /// Delay buckets used per queue (ms → last publish into it), kept across reconnects.
@@ -355,7 +355,10 @@ impl std::fmt::Debug for AmqpTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpTransport")
             .field("url", &redact(&self.inner.url))
-            .field("default_prefetch", &self.inner.default_prefetch)
+            .field(
+                "default_prefetch",
+                &self.inner.default_prefetch.load(Ordering::Relaxed),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -411,7 +414,7 @@ impl AmqpTransport {
                 conn: tokio::sync::Mutex::new(None),
                 current: Mutex::new(None),
                 next_consumer: AtomicU64::new(0),
-                default_prefetch: 1,
+                default_prefetch: std::sync::atomic::AtomicU16::new(1),
                 prefetch: Mutex::new(HashMap::new()),
                 delays: Mutex::new(HashMap::new()),
             }),
@@ -420,26 +423,17 @@ impl AmqpTransport {
 
     /// The prefetch of a consumer started by a reserve without
     /// [`start_consumer`](Transport::start_consumer) (which an `App` calls with its
-    /// concurrency), default 1. Set it before the first reserve.
+    /// concurrency), default 1. Clones share it; set it before the first reserve.
     ///
     /// ```
     /// let t = babelqueue_amqp::AmqpTransport::lazy("amqp://127.0.0.1")?.with_prefetch(16);
     /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
     /// ```
     pub fn with_prefetch(self, prefetch: u16) -> Self {
-        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
-            url: shared.url.clone(),
-            conn: tokio::sync::Mutex::new(None),
-            current: Mutex::new(None),
-            next_consumer: AtomicU64::new(0),
-            default_prefetch: shared.default_prefetch,
-            prefetch: Mutex::new(lock(&shared.prefetch).clone()),
-            delays: Mutex::new(lock(&shared.delays).clone()),
-        });
-        inner.default_prefetch = prefetch.max(1);
-        AmqpTransport {
-            inner: Arc::new(inner),
-        }
+        self.inner
+            .default_prefetch
+            .store(prefetch.max(1), Ordering::Relaxed);
+        self
     }
 
     /// The current connection, opened (again) when there is none or it was lost.
@@ -483,7 +477,7 @@ impl AmqpTransport {
         lock(&self.inner.prefetch)
             .get(queue)
             .copied()
-            .unwrap_or(self.inner.default_prefetch)
+            .unwrap_or_else(|| self.inner.default_prefetch.load(Ordering::Relaxed))
     }
 
     /// The consumer of `queue` on `conn`, started when there is none (or its channel
