@@ -27,8 +27,18 @@ fn conformance_dir() -> PathBuf {
                 dir
             }
         }
+        // The suite beside the repository, where the workspace keeps it.
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance"),
     }
+}
+
+fn read_suite_file(dir: &Path, name: &str) -> Vec<u8> {
+    std::fs::read(dir.join(name)).unwrap_or_else(|e| {
+        panic!(
+            "the conformance suite (BABELQUEUE_CONFORMANCE_DIR={}) has no {name}: {e}",
+            dir.display()
+        )
+    })
 }
 
 async fn transport() -> AmqpTransport {
@@ -85,11 +95,10 @@ async fn publish_reserve_ack_is_byte_identical() {
 #[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
 async fn the_projection_on_the_wire_is_the_conformance_block() {
     let dir = conformance_dir();
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest: Value = serde_json::from_slice(&read_suite_file(&dir, "manifest.json")).unwrap();
     let block = &manifest["rabbitmq"]["property_projection"];
     let fixture = block["envelope_file"].as_str().unwrap();
-    let body = std::fs::read(dir.join(fixture)).unwrap();
+    let body = read_suite_file(&dir, fixture);
     println!("case rabbitmq/property_projection ({fixture})");
 
     let queue = unique_queue("projection");

@@ -38,6 +38,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// drain looks again at least this often.
 const DUE_POLL: Duration = Duration::from_millis(200);
 
+/// A [`Delivery::tag`]: the consumer channel's id above [`TAG_BITS`], the AMQP delivery
+/// tag below (a channel would need 2⁴⁰ deliveries to reach the id's bits).
+fn pack_tag(consumer: u64, delivery_tag: u64) -> u64 {
+    (consumer << TAG_BITS) | (delivery_tag & TAG_MASK)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -552,7 +558,7 @@ impl AmqpTransport {
 
     fn wrap(&self, c: &Consume, queue: &str, d: lapin::message::Delivery) -> Delivery {
         c.outstanding.fetch_add(1, Ordering::Relaxed);
-        let tag = (c.id << TAG_BITS) | (d.delivery_tag & TAG_MASK);
+        let tag = pack_tag(c.id, d.delivery_tag);
         let headers = out_of_band(d.properties.headers().as_ref());
         Delivery::native(queue, d.data, headers, tag)
     }
@@ -901,6 +907,18 @@ mod tests {
             AmqpTransport::lazy("amqp://guest:pw@127.0.0.1:5672/%2f").unwrap()
         );
         assert!(!debug.contains("pw@"), "{debug}");
+    }
+
+    #[test]
+    fn tags_carry_their_channel() {
+        let tag = pack_tag(7, 123_456);
+        assert_eq!(tag >> TAG_BITS, 7);
+        assert_eq!(tag & TAG_MASK, 123_456);
+        assert_ne!(
+            pack_tag(8, 123_456),
+            tag,
+            "the same delivery tag of another channel"
+        );
     }
 
     #[test]
