@@ -248,9 +248,9 @@ pub fn project(env: &Envelope) -> Projection {
 /// "An envelope" here is a JSON object with a non-empty string URN (`job`, else the `urn`
 /// alias). Every other field is read leniently, as the Python SDK's pika transport does:
 /// `trace_id` and `meta.id` become the empty string when absent or not a string (a numeric
-/// `meta.id` is written in decimal); `x-schema-version` and `x-attempts` are set when the
+/// `meta.id` or `meta.lang` is written in decimal, as `Envelope::decode` reads them); `x-schema-version` and `x-attempts` are set when the
 /// field is an integer (`attempts` absent counts as 0, as in Python) and left out
-/// otherwise; `x-source-lang` is set when `meta.lang` is a string. So a retried or
+/// otherwise; `x-source-lang` is set when `meta.lang` is a string or a number. So a retried or
 /// dead-lettered body with an unsupported `schema_version` still carries its view, and
 /// bytes that are not a JSON object (or an object with no URN) carry none.
 ///
@@ -270,8 +270,8 @@ pub fn project_body(body: &[u8]) -> Option<Projection> {
     if let Some(v) = lenient.meta_int("schema_version") {
         headers.push((SCHEMA_VERSION_HEADER, HeaderValue::Int(v)));
     }
-    if let Some(lang) = lenient.meta_str("lang") {
-        headers.push((SOURCE_LANG_HEADER, HeaderValue::Str(lang.to_owned())));
+    if let Some(lang) = lenient.meta_text("lang") {
+        headers.push((SOURCE_LANG_HEADER, HeaderValue::Str(lang)));
     }
     if let Some(a) = lenient.attempts() {
         headers.push((ATTEMPTS_HEADER, HeaderValue::Int(a)));
@@ -339,9 +339,14 @@ impl Lenient {
         self.obj.get(key).and_then(Value::as_str)
     }
 
-    /// A string field of `meta`.
-    pub(crate) fn meta_str(&self, key: &str) -> Option<&str> {
-        self.meta()?.get(key).and_then(Value::as_str)
+    /// A text field of `meta`: a string, or a number in decimal (as `Envelope::decode`
+    /// reads `meta.id`, `meta.queue` and `meta.lang`).
+    pub(crate) fn meta_text(&self, key: &str) -> Option<String> {
+        match self.meta()?.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
     }
 
     /// An integer field of `meta` (within i64).
@@ -349,13 +354,9 @@ impl Lenient {
         self.meta()?.get(key).and_then(Value::as_i64)
     }
 
-    /// `meta.id` as text: a string, or a number in decimal (as `Envelope::decode` reads it).
+    /// `meta.id` as text (see [`meta_text`](Self::meta_text)).
     pub(crate) fn meta_id(&self) -> Option<String> {
-        match self.meta()?.get("id")? {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        }
+        self.meta_text("id")
     }
 
     /// `attempts`: an integer (within i64), 0 when absent or null (the Python SDKs'
@@ -429,11 +430,15 @@ mod tests {
         assert_eq!(p.message_id, "42");
         // attempts absent counts as 0, like the Python SDK.
         assert_eq!(p.headers[2], ("x-attempts", HeaderValue::Int(0)));
+        // A numeric lang reads as Envelope::decode reads it.
+        let body = br#"{"job":"urn:x","trace_id":"t","data":{},"meta":{"id":"m","lang":7,"schema_version":1},"attempts":0}"#;
+        let env = Envelope::decode(body).unwrap();
+        assert_eq!(project_body(body), Some(project(&env)));
     }
 
     #[test]
     fn project_body_leaves_out_headers_of_the_wrong_type() {
-        let body = br#"{"job":"urn:x","trace_id":5,"meta":{"schema_version":"1","lang":7},"attempts":"3"}"#;
+        let body = br#"{"job":"urn:x","trace_id":5,"meta":{"schema_version":"1","lang":true},"attempts":"3"}"#;
         let p = project_body(body).unwrap();
         assert_eq!(p.correlation_id, "");
         assert_eq!(p.message_id, "");

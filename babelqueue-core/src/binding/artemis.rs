@@ -101,7 +101,8 @@ pub fn project(env: &Envelope) -> Projection {
 
 /// Lenient: the projection of a body that is an envelope without the full acceptance check
 /// (a JSON object with a non-empty string `job`, else `urn`), `None` for anything else.
-/// `attempts` absent or null counts as 0; fields of another type are left out.
+/// `attempts` absent or null counts as 0; fields of another type are left out (a numeric
+/// `meta.id` or `meta.lang` is read in decimal).
 ///
 /// ```
 /// use babelqueue_core::binding::artemis;
@@ -115,8 +116,8 @@ pub fn project_body(body: &[u8]) -> Option<Projection> {
     if let Some(v) = l.meta_int("schema_version") {
         props.push((SCHEMA_VERSION, v.to_string()));
     }
-    if let Some(lang) = l.meta_str("lang").filter(|s| !s.is_empty()) {
-        props.push((SOURCE_LANG, lang.to_owned()));
+    if let Some(lang) = l.meta_text("lang").filter(|s| !s.is_empty()) {
+        props.push((SOURCE_LANG, lang));
     }
     if let Some(a) = l.attempts() {
         props.push((ATTEMPTS, a.to_string()));

@@ -108,7 +108,7 @@ pub fn project(env: &Envelope) -> Projection {
 
 /// Lenient: the projection of a body that is an envelope without the full acceptance check
 /// (a JSON object with a non-empty string `job`, else `urn`), `None` for anything else.
-/// Fields of another type are left out (a numeric `meta.id` is read in decimal).
+/// Fields of another type are left out (a numeric `meta.id` or `meta.lang` is read in decimal).
 ///
 /// ```
 /// use babelqueue_core::binding::asb;
@@ -122,8 +122,8 @@ pub fn project_body(body: &[u8]) -> Option<Projection> {
     if let Some(v) = l.meta_int("schema_version") {
         props.push((SCHEMA_VERSION, PropertyValue::Int(v)));
     }
-    if let Some(lang) = l.meta_str("lang").filter(|s| !s.is_empty()) {
-        props.push((SOURCE_LANG, PropertyValue::Str(lang.to_owned())));
+    if let Some(lang) = l.meta_text("lang").filter(|s| !s.is_empty()) {
+        props.push((SOURCE_LANG, PropertyValue::Str(lang)));
     }
     if let Some(v) = l.meta_int("created_at") {
         props.push((CREATED_AT, PropertyValue::Int(v)));

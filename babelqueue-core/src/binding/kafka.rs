@@ -125,7 +125,7 @@ pub struct Record {
 /// acceptance check (a JSON object with a non-empty string `job`, else `urn`); `None` for
 /// anything else (a poison record is written without a projection).
 ///
-/// Strings are taken when they are non-empty (a numeric `meta.id` in decimal); numbers
+/// Strings are taken when they are non-empty (a numeric `meta.id` or `meta.lang` in decimal); numbers
 /// when they are integers; `attempts` absent or null counts as 0 (the Python SDK's rule),
 /// and a non-integer `attempts` leaves `bq-attempts` out.
 ///
@@ -152,7 +152,7 @@ pub fn project_body(body: &[u8]) -> Option<Record> {
     push(
         &mut out,
         SOURCE_LANG,
-        l.meta_str("lang").unwrap_or_default(),
+        &l.meta_text("lang").unwrap_or_default(),
     );
     if let Some(a) = l.attempts() {
         out.push((ATTEMPTS, a.to_string()));
@@ -552,7 +552,7 @@ mod tests {
         assert_eq!(reconcile_attempts(2, Some(b"-0")), 0);
         assert_eq!(reconcile_attempts(2, Some(b"4294967296")), u32::MAX);
         assert_eq!(reconcile_attempts(2, Some(&[b'9'; 80])), u32::MAX);
-        assert_eq!(reconcile_attempts(2, Some(&[b'-', b'9', b'9'])), 2);
+        assert_eq!(reconcile_attempts(2, Some(b"-99")), 2);
     }
 
     #[test]

@@ -79,7 +79,8 @@ pub fn properties(env: &Envelope) -> Vec<(&'static str, String)> {
 
 /// Lenient: the properties of a body that is an envelope without the full acceptance check
 /// (a JSON object with a non-empty string `job`, else `urn`), `None` for anything else.
-/// `attempts` absent or null counts as 0; fields of another type are left out.
+/// `attempts` absent or null counts as 0; fields of another type are left out (a numeric
+/// `meta.id` or `meta.lang` is read in decimal).
 ///
 /// ```
 /// use babelqueue_core::binding::pulsar;
@@ -103,7 +104,7 @@ pub fn project_body(body: &[u8]) -> Option<Vec<(&'static str, String)>> {
     push(
         &mut out,
         SOURCE_LANG,
-        l.meta_str("lang").unwrap_or_default(),
+        &l.meta_text("lang").unwrap_or_default(),
     );
     if let Some(a) = l.attempts() {
         out.push((ATTEMPTS, a.to_string()));

@@ -134,7 +134,7 @@ pub fn message_attributes(env: &Envelope) -> Vec<(&'static str, Attribute)> {
 /// (a JSON object with a non-empty string `job`, else `urn`), `None` for anything else
 /// (a poison body is sent without attributes).
 ///
-/// Strings are taken when they are non-empty strings (a numeric `meta.id` in decimal),
+/// Strings are taken when they are non-empty strings (a numeric `meta.id` or `meta.lang` in decimal),
 /// numbers when they are integers; anything else is left out.
 ///
 /// ```
@@ -160,7 +160,7 @@ pub fn project_body(body: &[u8]) -> Option<Vec<(&'static str, Attribute)>> {
     push_str(
         &mut out,
         SOURCE_LANG,
-        l.meta_str("lang").unwrap_or_default(),
+        &l.meta_text("lang").unwrap_or_default(),
     );
     if let Some(v) = l.meta_int("created_at") {
         out.push((CREATED_AT, Attribute::number(v)));

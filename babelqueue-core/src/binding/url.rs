@@ -76,8 +76,9 @@ pub struct AmqpUrl {
 }
 
 impl AmqpUrl {
-    /// The URL again, in the normal form an AMQP client parses (user, password and vhost
-    /// percent-encoded, query dropped).
+    /// The URL again, in the normal form an AMQP client parses (user, password, host and
+    /// vhost percent-encoded, an IPv6 host in brackets, query dropped); parsing it gives
+    /// this `AmqpUrl` back (without its query).
     ///
     /// ```
     /// use babelqueue_core::binding::BrokerUrl;
@@ -90,10 +91,15 @@ impl AmqpUrl {
     }
 
     fn render(&self, password: &str) -> String {
-        let host = if self.host.contains(':') {
+        let ipv6 = self.host.contains(':')
+            && self
+                .host
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.');
+        let host = if ipv6 {
             format!("[{}]", self.host)
         } else {
-            self.host.clone()
+            encode(&self.host)
         };
         format!(
             "{}://{}:{}@{}:{}/{}",
@@ -564,6 +570,18 @@ mod tests {
         assert_eq!(amqp("amqp://h/").vhost, "/");
         assert_eq!(amqp("amqp://onlyuser@h").password, "guest");
         assert_eq!(amqp("amqp://h:").port, 5672);
+    }
+
+    #[test]
+    fn to_url_round_trips_odd_hosts() {
+        for url in [
+            "amqp://u:p@h%2Fx%40y%3Az:1/v",
+            "amqp://[fe80::1%25eth0]:5/",
+            "amqps://%3A%3A@[::ffff:1.2.3.4]/%2F%2F",
+        ] {
+            let a = amqp(url);
+            assert_eq!(amqp(&a.to_url()), a, "{url} -> {}", a.to_url());
+        }
     }
 
     #[test]

@@ -6,68 +6,18 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::config::{Config, Observer};
+use super::ctx::Ctx;
+pub use super::report::DrainError;
 use super::report::{Report, Stats};
 use super::settle::RetryPolicy;
+pub use super::settle::UnknownUrnStrategy;
 use super::transport::{Transport, TransportError};
 use super::worker::{Mode, consume};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::extract::MissingState;
 use crate::guard::HandlerResult;
 use crate::handler::{BoxError, Router, TypedHandler};
-
-/// What to do with a message whose URN has no registered handler (the four strategies
-/// every BabelQueue SDK offers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnknownUrnStrategy {
-    /// Treat it as a handler failure: retried up to `max_attempts`, then dead-lettered
-    /// with reason `unknown_urn` (the default).
-    #[default]
-    Fail,
-    /// Ack and drop it.
-    Delete,
-    /// Republish it unchanged (for a consumer that knows the URN) and ack this copy.
-    Release,
-    /// Dead-letter it at once with reason `unknown_urn`.
-    DeadLetter,
-}
-
-/// [`App::drain`] gave up: the transport kept failing for longer than
-/// [`App::give_up_after`]. In-flight messages were finished first.
-///
-/// Or it did not start: a handler needs shared state the router lacks (see
-/// [`App::check_state`]); then `error` is a [`TransportError::Backend`] whose source is
-/// the [`MissingState`], and nothing was reserved.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", drain_error_message(error))]
-pub struct DrainError {
-    /// The last transport error.
-    #[source]
-    pub error: TransportError,
-    /// What was done before giving up.
-    pub stats: Stats,
-}
-
-fn drain_error_message(error: &TransportError) -> String {
-    match missing_state(error) {
-        Some(missing) => format!("drain did not start: {missing}"),
-        None => format!("drain gave up after repeated transport failures: {error}"),
-    }
-}
-
-fn missing_state(error: &TransportError) -> Option<&MissingState> {
-    match error {
-        TransportError::Backend(source) => source.downcast_ref::<MissingState>(),
-        _ => None,
-    }
-}
-
-impl DrainError {
-    /// The shared state a handler needs and the router lacks, when that is why the
-    /// drain did not start.
-    pub fn missing_state(&self) -> Option<&MissingState> {
-        missing_state(&self.error)
-    }
-}
 
 /// Publishing a new message failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,36 +29,6 @@ pub enum PublishError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
-}
-
-pub(crate) type Observer = Arc<dyn Fn(&Report) + Send + Sync>;
-
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub queue: String,
-    pub concurrency: usize,
-    pub retry: RetryPolicy,
-    pub unknown_urn: UnknownUrnStrategy,
-    pub dead_letter: bool,
-    pub dead_letter_queue: Option<String>,
-    pub dead_letter_suffix: String,
-    pub poll_timeout: Duration,
-    pub in_flight_delay: Duration,
-    pub release_delay: Duration,
-    pub max_releases: u32,
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
-    pub store_backoff_min: Duration,
-    pub store_backoff_max: Duration,
-    pub give_up_after: Duration,
-    pub max_body_size: usize,
-    pub handler_timeout: Option<Duration>,
-    pub store_timeout: Duration,
-    pub shutdown_grace: Duration,
-    pub heartbeat_interval: Duration,
-    pub heartbeat_ttl: Duration,
-    pub recovery_interval: Duration,
-    pub max_recoveries: u32,
 }
 
 /// A consumer over a [`Transport`]: reserves messages from one queue and, per message,
@@ -511,6 +431,17 @@ impl App {
             .unwrap_or_else(|| format!("{}{}", self.config.queue, self.config.dead_letter_suffix))
     }
 
+    /// What every worker of one consume shares.
+    fn ctx(&self) -> Ctx {
+        Ctx::new(
+            Arc::clone(&self.transport),
+            Arc::clone(&self.router),
+            self.dead_letter_queue_name(),
+            self.config.clone(),
+            self.observer.clone(),
+        )
+    }
+
     /// The transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
@@ -562,7 +493,7 @@ impl App {
                 stats: Stats::default(),
             });
         }
-        consume(self, Mode::Drain, std::future::pending()).await
+        consume(self.ctx(), Mode::Drain, std::future::pending()).await
     }
 
     /// Checks that the router holds the shared state every handler needs (each
@@ -610,7 +541,7 @@ impl App {
             tracing::error!(error = %missing, queue = %self.config.queue, "consumer not started");
             return Stats::default();
         }
-        match consume(self, Mode::Run, shutdown).await {
+        match consume(self.ctx(), Mode::Run, shutdown).await {
             Ok(stats) => stats,
             Err(e) => e.stats,
         }

@@ -6,211 +6,26 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use serde_json::Value;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::app::{Config, Observer, UnknownUrnStrategy};
+use super::apply::{self, Verdict};
+use super::ctx::Ctx;
+pub use super::ctx::RELEASES_HEADER;
 use super::dead_letter::{self, Block};
 use super::errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable, in_chain};
 use super::observe;
-use super::report::{Disposition, Report};
-use super::settle::{Action, Happened, Policy, PutBack, decide};
-use super::transport::{Delivery, Headers, Republish, Transport, TransportError};
+use super::report::Report;
+use super::settle::Happened;
+use super::transport::{Delivery, Transport};
 use crate::envelope::{DeadLetterReason, Envelope};
 use crate::guard::Outcome;
-use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, Router, UnknownUrn};
+use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, UnknownUrn};
 use crate::inflight::{self, Deferred, Phase, StoreProbe};
 use crate::lease::InFlight;
-
-/// The frame header carrying how many times a message was released (unknown URN under
-/// [`UnknownUrnStrategy::Release`]).
-pub const RELEASES_HEADER: &str = "x-babelqueue-releases";
-
-/// The dedupe store's health as this consumer sees it: consecutive failures and the pause
-/// they impose on reserving.
-#[derive(Default)]
-pub(crate) struct StoreHealth {
-    failures: AtomicU32,
-    paused_until: Mutex<Option<Instant>>,
-}
-
-impl StoreHealth {
-    /// Records a failure; returns the pause (also the put-back delay).
-    fn failed(&self, min: Duration, max: Duration) -> Duration {
-        let n = self
-            .failures
-            .fetch_add(1, Ordering::SeqCst)
-            .saturating_add(1);
-        let pause = min
-            .checked_mul(1u32 << (n - 1).min(20))
-            .unwrap_or(max)
-            .min(max);
-        *self
-            .paused_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + pause);
-        pause
-    }
-
-    /// The store answered: no more pause.
-    fn ok(&self) {
-        if self.failures.load(Ordering::Relaxed) > 0 {
-            self.failures.store(0, Ordering::SeqCst);
-            *self
-                .paused_until
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = None;
-        }
-    }
-
-    /// Until when reserving pauses, if it does.
-    pub(crate) fn paused_until(&self) -> Option<Instant> {
-        if self.failures.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let until = *self
-            .paused_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        until.filter(|&u| u > Instant::now())
-    }
-}
-
-/// What every worker of one consume shares.
-pub(crate) struct Ctx {
-    pub transport: Arc<dyn Transport>,
-    pub router: Arc<Router>,
-    pub dlq: String,
-    pub config: Config,
-    pub observer: Option<Observer>,
-    pub policy: Policy,
-    pub store: StoreHealth,
-    /// The shutdown grace period ended: stop retrying, leave messages in flight.
-    pub hard_stop: AtomicBool,
-    pub hard_notify: Notify,
-    /// The transport's server, for stores whose `remember` can be sent with the ack.
-    pub pipeline_server: Option<Arc<str>>,
-    /// Acks wait for the worker's next reserve and go with it (one round trip).
-    pub defer_acks: bool,
-}
-
-impl Ctx {
-    pub(crate) fn new(
-        transport: Arc<dyn Transport>,
-        router: Arc<Router>,
-        dlq: String,
-        config: Config,
-        observer: Option<Observer>,
-    ) -> Self {
-        let policy = Policy {
-            retry: config.retry,
-            unknown_urn: config.unknown_urn,
-            dead_letter: config.dead_letter,
-            in_flight_delay: config.in_flight_delay,
-            release_delay: config.release_delay,
-            max_releases: config.max_releases,
-        };
-        let pipeline_server = transport.pipeline_server().map(Arc::from);
-        let defer_acks = transport.combines_ack_and_reserve();
-        Ctx {
-            pipeline_server,
-            defer_acks,
-            transport,
-            router,
-            dlq,
-            config,
-            observer,
-            policy,
-            store: StoreHealth::default(),
-            hard_stop: AtomicBool::new(false),
-            hard_notify: Notify::new(),
-        }
-    }
-
-    pub(crate) fn hard_stopped(&self) -> bool {
-        self.hard_stop.load(Ordering::SeqCst)
-    }
-
-    /// Completes once the grace period ended.
-    pub(crate) async fn wait_hard_stop(&self) {
-        loop {
-            let n = self.hard_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.hard_stopped() {
-                return;
-            }
-            n.await;
-        }
-    }
-
-    /// Sends a delivery's handed-over store writes and its ack (one round trip where the
-    /// transport allows), retried until done.
-    pub(crate) async fn ack_with(
-        &self,
-        d: &Delivery,
-        deferred: &Deferred,
-    ) -> Result<(), TransportError> {
-        if deferred.is_empty() {
-            self.until_done("ack", || self.transport.ack(d)).await
-        } else {
-            self.until_done("ack", || {
-                self.transport.ack_and_reserve(d, &deferred.writes, None)
-            })
-            .await
-            .map(drop)
-        }
-    }
-
-    /// Runs a transport operation until it succeeds: a broker outage is not the message's
-    /// fault and settling must not be given up. Only the end of the shutdown grace period
-    /// (the message then stays in flight, for recovery) or an error no retry can fix
-    /// stops it.
-    async fn until_done<T, F, Fut>(
-        &self,
-        what: &'static str,
-        mut op: F,
-    ) -> Result<T, TransportError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, TransportError>>,
-    {
-        let mut delay = self.config.backoff_min;
-        loop {
-            let err = tokio::select! {
-                biased;
-                () = self.wait_hard_stop() => {
-                    return Err(TransportError::backend("the shutdown grace period ended"));
-                }
-                r = op() => match r {
-                    Ok(v) => return Ok(v),
-                    Err(e) => e,
-                },
-            };
-            if matches!(
-                err,
-                TransportError::Unsupported(_) | TransportError::BodyNotUtf8
-            ) {
-                return Err(err);
-            }
-            tracing::warn!(error = %err, op = what, retry_in_ms = delay.as_millis() as u64, "broker failed while settling; retrying");
-            tokio::select! {
-                biased;
-                () = self.wait_hard_stop() => {
-                    return Err(err);
-                }
-                () = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(self.config.backoff_max);
-        }
-    }
-}
 
 /// A handler's future with panics turned into a failure.
 struct CatchUnwind(BoxFuture<'static, HandlerOutput>);
@@ -298,23 +113,6 @@ async fn run_handler(
     }
 }
 
-/// The outcome of a delivery before settling.
-struct Verdict {
-    happened: Happened,
-    error: Option<String>,
-    exception: Option<String>,
-}
-
-impl Verdict {
-    fn ok(happened: Happened) -> Self {
-        Verdict {
-            happened,
-            error: None,
-            exception: None,
-        }
-    }
-}
-
 fn classify(called: Called, probe: &StoreProbe) -> Verdict {
     match called {
         Called::Output(Ok(Some(Outcome::Skipped))) => Verdict::ok(Happened::Skipped),
@@ -367,19 +165,6 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
             }
         }
     }
-}
-
-fn release_count(d: &Delivery) -> u32 {
-    d.headers()
-        .and_then(|h| h.get(RELEASES_HEADER))
-        .and_then(Value::as_u64)
-        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
-}
-
-fn jitter_sample() -> f64 {
-    // A fresh random 53-bit fraction (uuid v4 draws from the OS generator).
-    let bits = uuid::Uuid::new_v4().as_u128() as u64 >> 11;
-    bits as f64 / (1u64 << 53) as f64
 }
 
 /// A delivery whose ack (and the store writes its guards handed over) waits to be sent
@@ -477,7 +262,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
     inflight::take_sync_marks(&id, &probe);
     let verdict = classify(called, &probe);
     let deferred = probe.take_deferred();
-    let (mut report, pending) = settle_full(
+    let (mut report, pending) = apply::settle(
         ctx, &delivery, keep, attempts, verdict, None, deferred, defer_ack,
     )
     .await;
@@ -532,7 +317,7 @@ async fn settle_poison(
     settle(ctx, delivery, env, 0, verdict, Some(body)).await
 }
 
-/// [`settle_full`] with no handed-over writes and the ack sent at once.
+/// [`apply::settle`] with no handed-over writes and the ack sent at once.
 async fn settle(
     ctx: &Ctx,
     d: &Delivery,
@@ -541,7 +326,7 @@ async fn settle(
     v: Verdict,
     poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
 ) -> Report {
-    settle_full(
+    apply::settle(
         ctx,
         d,
         envelope,
@@ -553,211 +338,6 @@ async fn settle(
     )
     .await
     .0
-}
-
-/// The executor: decides, then carries the action out. `poison` builds the dead-letter
-/// body of a poison message. `deferred`: store writes the guards handed over (sent
-/// before, or with, the ack). With `defer_ack`, an ack is not sent but returned (with the
-/// writes) for the worker to send with its next reserve.
-#[allow(clippy::too_many_arguments)]
-async fn settle_full(
-    ctx: &Ctx,
-    d: &Delivery,
-    envelope: Option<Envelope>,
-    attempts: u32,
-    v: Verdict,
-    poison: Option<&(dyn Fn() -> Vec<u8> + Send + Sync)>,
-    mut deferred: Deferred,
-    defer_ack: bool,
-) -> (Report, Option<Deferred>) {
-    let pause = match v.happened {
-        Happened::StoreUnavailable => ctx
-            .store
-            .failed(ctx.config.store_backoff_min, ctx.config.store_backoff_max),
-        Happened::Succeeded | Happened::Skipped | Happened::Failed { .. } => {
-            ctx.store.ok();
-            Duration::ZERO
-        }
-        _ => Duration::ZERO,
-    };
-    let releases = release_count(d);
-    let sample = if matches!(v.happened, Happened::Failed { .. } | Happened::UnknownUrn) {
-        jitter_sample()
-    } else {
-        0.0
-    };
-    let action = decide(v.happened, attempts, releases, pause, sample, &ctx.policy);
-    let failed = matches!(v.happened, Happened::Failed { .. })
-        || (v.happened == Happened::UnknownUrn
-            && ctx.config.unknown_urn == UnknownUrnStrategy::Fail);
-    if !deferred.is_empty() && action != Action::Ack {
-        // A guard inside the handler succeeded (its id must be remembered) but the
-        // delivery is not acked: the writes go on their own, first.
-        if let Err(error) = ctx
-            .until_done("remember", || ctx.transport.apply_writes(&deferred.writes))
-            .await
-        {
-            tracing::warn!(%error, "remembering a guarded id failed; a redelivery may run it again");
-        }
-        deferred = Deferred::default();
-    }
-    let mut pending = None;
-    let result: Result<Disposition, TransportError> = match action {
-        Action::Ack => {
-            let acked = if defer_ack {
-                pending = Some(std::mem::take(&mut deferred));
-                Ok(())
-            } else {
-                ctx.ack_with(d, &deferred).await
-            };
-            acked.map(|()| {
-                if v.happened == Happened::Skipped {
-                    tracing::info!("duplicate skipped by the idempotency guard; acked");
-                    Disposition::Skipped
-                } else {
-                    tracing::debug!("acked");
-                    Disposition::Succeeded
-                }
-            })
-        }
-        Action::Drop => {
-            if v.happened != Happened::UnknownUrn {
-                tracing::error!(error = ?v.error, "dead-lettering is off: message dropped");
-            }
-            ctx.until_done("ack", || ctx.transport.ack(d))
-                .await
-                .map(|()| Disposition::Dropped)
-        }
-        Action::Retry { attempts, delay } => {
-            match dead_letter::with_attempts(d.body(), u64::from(attempts)) {
-                Some(body) => {
-                    tracing::warn!(error = ?v.error, exception = ?v.exception, attempts, retry_in_ms = delay.as_millis() as u64, "handler failed; retrying");
-                    let republish = Republish::with_body(body);
-                    ctx.until_done("requeue", || {
-                        ctx.transport.requeue(d, republish.clone(), delay)
-                    })
-                    .await
-                    .map(|()| Disposition::Retried { attempts })
-                }
-                None => Err(TransportError::backend("the body is not a JSON object")),
-            }
-        }
-        Action::PutBack { why, delay } => {
-            let republish = match why {
-                PutBack::Release => {
-                    let mut h = d.headers().cloned().unwrap_or_else(Headers::new);
-                    h.insert(
-                        RELEASES_HEADER.to_owned(),
-                        Value::from(releases.saturating_add(1)),
-                    );
-                    Republish::with_headers(h)
-                }
-                PutBack::InFlight | PutBack::StoreDown => Republish::unchanged(),
-            };
-            {
-                {
-                    match why {
-                        PutBack::InFlight => {
-                            tracing::info!(error = ?v.error, delay_ms = delay.as_millis() as u64, "in flight on another worker; deferred")
-                        }
-                        PutBack::StoreDown => {
-                            tracing::warn!(error = ?v.error, delay_ms = delay.as_millis() as u64, "the dedupe store is unavailable; put back without counting an attempt")
-                        }
-                        PutBack::Release => {
-                            tracing::info!(releases = releases + 1, "unknown URN released")
-                        }
-                    }
-                    ctx.until_done("requeue", || {
-                        ctx.transport.requeue(d, republish.clone(), delay)
-                    })
-                    .await
-                    .map(|()| match why {
-                        PutBack::InFlight => Disposition::Deferred,
-                        PutBack::StoreDown => Disposition::Requeued,
-                        PutBack::Release => Disposition::Released,
-                    })
-                }
-            }
-        }
-        Action::DeadLetter {
-            reason,
-            attempts,
-            set_attempts,
-        } => {
-            // Built per attempt and moved into the publish: a large body is never held
-            // twice (a broker outage rebuilds it for the next try).
-            let build = || -> Result<Vec<u8>, TransportError> {
-                let body = match poison {
-                    Some(f) => Some(f()),
-                    None => {
-                        let block = Block {
-                            reason: reason.as_str(),
-                            error: v.error.clone(),
-                            exception: v.exception.as_deref(),
-                            attempts: u64::from(attempts),
-                        };
-                        dead_letter::dead_lettered(d.body(), d.queue(), set_attempts, &block)
-                    }
-                };
-                body.filter(|b| !b.is_empty())
-                    .ok_or_else(|| TransportError::backend("the body is not a JSON object"))
-            };
-            // With headers, the transport's own `publish_with_headers` (a frame on the
-            // list transports, native headers elsewhere); without, the body is moved.
-            let headers = d.headers().filter(|h| !h.is_empty());
-            match build() {
-                Ok(first) => {
-                    let mut first = Some(first);
-                    let published = ctx
-                        .until_done("dead-letter", || {
-                            let body = first.take().map_or_else(build, Ok);
-                            async move {
-                                let body = body?;
-                                match headers {
-                                    Some(h) => {
-                                        ctx.transport
-                                            .publish_with_headers(&ctx.dlq, &body, Some(h))
-                                            .await
-                                    }
-                                    None => ctx.transport.publish_raw(&ctx.dlq, body).await,
-                                }
-                            }
-                        })
-                        .await;
-                    match published {
-                        Ok(()) => {
-                            tracing::error!(dead_letter_queue = %ctx.dlq, reason = reason.as_str(), error = ?v.error, "dead-lettered");
-                            ctx.until_done("ack", || ctx.transport.ack(d))
-                                .await
-                                .map(|()| Disposition::DeadLettered { reason })
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            }
-        }
-    };
-    let (disposition, acked, error) = match result {
-        Ok(disp) => (disp, true, v.error),
-        Err(e) => {
-            tracing::error!(error = %e, "the message could not be settled; it stays in flight for recovery");
-            (Disposition::Stranded, false, Some(e.to_string()))
-        }
-    };
-    let report = Report {
-        queue: d.queue().to_owned(),
-        envelope,
-        disposition,
-        acked,
-        failed,
-        unknown_urn: false,
-        error,
-        urn: None,
-        duration: None,
-        headers: d.headers().cloned(),
-    };
-    (report, pending)
 }
 
 #[cfg(test)]
@@ -853,24 +433,5 @@ mod tests {
         let err = call(&Panicky, env).await.unwrap_err();
         assert_eq!(err.type_name(), "panic");
         assert!(err.to_string().contains("kaboom"));
-    }
-
-    #[test]
-    fn store_backoff_grows_caps_and_resets() {
-        let h = StoreHealth::default();
-        let ms = Duration::from_millis;
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(100));
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(200));
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(400));
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(800));
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(1000));
-        for _ in 0..100 {
-            h.failed(ms(100), ms(1000));
-        }
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(1000));
-        assert!(h.paused_until().is_some());
-        h.ok();
-        assert!(h.paused_until().is_none());
-        assert_eq!(h.failed(ms(100), ms(1000)), ms(100));
     }
 }

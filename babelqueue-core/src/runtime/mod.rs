@@ -41,6 +41,9 @@
 //! completed) or runs (it failed and released its claim).
 
 mod app;
+mod apply;
+mod config;
+mod ctx;
 mod dead_letter;
 mod depth;
 mod errors;

@@ -1,6 +1,8 @@
 //! What the runtime did: [`Disposition`], [`Report`], [`Stats`].
 
+use super::transport::TransportError;
 use crate::envelope::{DeadLetterReason, Envelope};
+use crate::extract::MissingState;
 
 /// What the runtime did with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,5 +158,43 @@ impl Stats {
         } else {
             self.unacked += 1;
         }
+    }
+}
+
+/// [`App::drain`] gave up: the transport kept failing for longer than
+/// [`App::give_up_after`]. In-flight messages were finished first.
+///
+/// Or it did not start: a handler needs shared state the router lacks (see
+/// [`App::check_state`]); then `error` is a [`TransportError::Backend`] whose source is
+/// the [`MissingState`], and nothing was reserved.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", drain_error_message(error))]
+pub struct DrainError {
+    /// The last transport error.
+    #[source]
+    pub error: TransportError,
+    /// What was done before giving up.
+    pub stats: Stats,
+}
+
+fn drain_error_message(error: &TransportError) -> String {
+    match missing_state(error) {
+        Some(missing) => format!("drain did not start: {missing}"),
+        None => format!("drain gave up after repeated transport failures: {error}"),
+    }
+}
+
+fn missing_state(error: &TransportError) -> Option<&MissingState> {
+    match error {
+        TransportError::Backend(source) => source.downcast_ref::<MissingState>(),
+        _ => None,
+    }
+}
+
+impl DrainError {
+    /// The shared state a handler needs and the router lacks, when that is why the
+    /// drain did not start.
+    pub fn missing_state(&self) -> Option<&MissingState> {
+        missing_state(&self.error)
     }
 }

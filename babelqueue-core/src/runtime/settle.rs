@@ -21,7 +21,21 @@ use std::time::Duration;
 
 use crate::envelope::DeadLetterReason;
 
-use super::app::UnknownUrnStrategy;
+/// What to do with a message whose URN has no registered handler (the four strategies
+/// every BabelQueue SDK offers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownUrnStrategy {
+    /// Treat it as a handler failure: retried up to `max_attempts`, then dead-lettered
+    /// with reason `unknown_urn` (the default).
+    #[default]
+    Fail,
+    /// Ack and drop it.
+    Delete,
+    /// Republish it unchanged (for a consumer that knows the URN) and ack this copy.
+    Release,
+    /// Dead-letter it at once with reason `unknown_urn`.
+    DeadLetter,
+}
 
 /// How failed handlers are retried: exponential backoff with jitter, up to a number of
 /// deliveries.

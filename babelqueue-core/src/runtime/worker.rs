@@ -14,9 +14,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::app::{App, DrainError};
-use super::execute::{Ctx, PendingAck, Processed, process, settle_exhausted};
-use super::report::{Disposition, Report, Stats};
+use super::ctx::Ctx;
+use super::execute::{PendingAck, Processed, process, settle_exhausted};
+use super::report::{Disposition, DrainError, Report, Stats};
 use super::transport::{ConsumerEvent, ConsumerOptions, Delivery, EventSink, TransportError};
 use super::{metrics, observe};
 
@@ -344,20 +344,15 @@ async fn background(shared: Arc<Shared>, mut events: UnboundedReceiver<ConsumerE
 }
 
 /// Runs a drain or a run of `app`.
-pub(crate) async fn consume<S>(app: &App, mode: Mode, shutdown: S) -> Result<Stats, DrainError>
+pub(crate) async fn consume<S>(ctx: Ctx, mode: Mode, shutdown: S) -> Result<Stats, DrainError>
 where
     S: Future<Output = ()> + Send,
 {
-    let config = app.config.clone();
+    let config = ctx.config.clone();
     let queue = config.queue.clone();
+    let transport = Arc::clone(&ctx.transport);
     let shared = Arc::new(Shared {
-        ctx: Ctx::new(
-            Arc::clone(&app.transport),
-            Arc::clone(&app.router),
-            app.dead_letter_queue_name(),
-            config.clone(),
-            app.observer.clone(),
-        ),
+        ctx,
         mode,
         stop: AtomicBool::new(false),
         wake: Notify::new(),
@@ -377,7 +372,7 @@ where
         .recovery(config.recovery_interval, config.max_recoveries)
         .backoff_max(config.backoff_max)
         .with_events(sink);
-    if let Err(error) = app.transport.start_consumer(&queue, &options).await {
+    if let Err(error) = transport.start_consumer(&queue, &options).await {
         stats.transport_errors += 1;
         tracing::warn!(%error, "starting the consumer failed; reserving anyway");
     }
@@ -429,7 +424,7 @@ where
     while let Some(done) = workers.join_next().await {
         merge(done, &mut stats);
     }
-    if let Err(error) = app.transport.leave(&queue).await {
+    if let Err(error) = transport.leave(&queue).await {
         tracing::warn!(%error, "leaving the consumer registry failed; the heartbeat expires by itself");
     }
     shared.maint_stop.store(true, Ordering::SeqCst);
