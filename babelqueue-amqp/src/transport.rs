@@ -120,6 +120,14 @@ impl Stash {
     }
 }
 
+/// The consumer of `queue` in `consumers`, if its channel is open.
+fn live(consumers: &Mutex<HashMap<String, Arc<Consume>>>, queue: &str) -> Option<Arc<Consume>> {
+    lock(consumers)
+        .get(queue)
+        .filter(|c| c.channel.status().connected())
+        .cloned()
+}
+
 /// One connection and what lives on it.
 struct Conn {
     connection: Connection,
@@ -129,7 +137,9 @@ struct Conn {
     topology: tokio::sync::Mutex<Channel>,
     /// Queues declared on this connection, and when.
     declared: Mutex<HashMap<String, Instant>>,
-    consumers: tokio::sync::Mutex<HashMap<String, Arc<Consume>>>,
+    consumers: Mutex<HashMap<String, Arc<Consume>>>,
+    /// Serializes starting consumers (a start declares and opens a channel).
+    starting: tokio::sync::Mutex<()>,
 }
 
 impl Conn {
@@ -444,6 +454,11 @@ impl AmqpTransport {
 
     /// The current connection, opened (again) when there is none or it was lost.
     async fn conn(&self) -> Result<Arc<Conn>, TransportError> {
+        if let Some(c) = lock(&self.inner.current).as_ref()
+            && c.alive()
+        {
+            return Ok(Arc::clone(c));
+        }
         let mut slot = self.inner.conn.lock().await;
         if let Some(c) = slot.as_ref()
             && c.alive()
@@ -472,7 +487,8 @@ impl AmqpTransport {
             publisher: tokio::sync::Mutex::new(publisher),
             topology: tokio::sync::Mutex::new(topology),
             declared: Mutex::new(HashMap::new()),
-            consumers: tokio::sync::Mutex::new(HashMap::new()),
+            consumers: Mutex::new(HashMap::new()),
+            starting: tokio::sync::Mutex::new(()),
         });
         *slot = Some(Arc::clone(&conn));
         *lock(&self.inner.current) = Some(Arc::clone(&conn));
@@ -489,13 +505,14 @@ impl AmqpTransport {
     /// The consumer of `queue` on `conn`, started when there is none (or its channel
     /// closed).
     async fn consumer(&self, conn: &Conn, queue: &str) -> Result<Arc<Consume>, TransportError> {
-        let mut consumers = conn.consumers.lock().await;
-        if let Some(c) = consumers.get(queue)
-            && c.channel.status().connected()
-        {
-            return Ok(Arc::clone(c));
+        if let Some(c) = live(&conn.consumers, queue) {
+            return Ok(c);
         }
-        consumers.remove(queue);
+        let _starting = conn.starting.lock().await;
+        if let Some(c) = live(&conn.consumers, queue) {
+            return Ok(c);
+        }
+        lock(&conn.consumers).remove(queue);
         conn.declare(queue).await?;
         let prefetch = self.prefetch_of(queue);
         let channel = conn.open_channel(false).await?;
@@ -526,7 +543,7 @@ impl AmqpTransport {
             }),
             outstanding: AtomicU64::new(0),
         });
-        consumers.insert(queue.to_owned(), Arc::clone(&c));
+        lock(&conn.consumers).insert(queue.to_owned(), Arc::clone(&c));
         Ok(c)
     }
 
@@ -551,9 +568,7 @@ impl AmqpTransport {
     /// when that channel is gone (the broker has put its unacked messages back).
     async fn consumer_of(&self, queue: &str, tag: u64) -> Option<Arc<Consume>> {
         let conn = lock(&self.inner.current).clone()?;
-        let consumers = conn.consumers.lock().await;
-        let c = consumers.get(queue)?;
-        (c.id == tag >> TAG_BITS && c.channel.status().connected()).then(|| Arc::clone(c))
+        live(&conn.consumers, queue).filter(|c| c.id == tag >> TAG_BITS)
     }
 
     fn wrap(&self, c: &Consume, queue: &str, d: lapin::message::Delivery) -> Delivery {
@@ -589,7 +604,7 @@ impl AmqpTransport {
         }
         if let Some(why) = stash.ended.take() {
             drop(stash);
-            self.drop_consumer(&conn, queue, c.id).await;
+            self.drop_consumer(&conn, queue, c.id);
             return Err(TransportError::connection(format!(
                 "the consumer of `{queue}` stopped: {why}"
             )));
@@ -602,7 +617,7 @@ impl AmqpTransport {
             Ok(Some(Ok(d))) => Ok(Some(self.wrap(&c, queue, d))),
             Ok(other) => {
                 drop(stash);
-                self.drop_consumer(&conn, queue, c.id).await;
+                self.drop_consumer(&conn, queue, c.id);
                 let why = match other {
                     Some(Err(e)) => e.to_string(),
                     _ => "the broker cancelled the consumer".to_owned(),
@@ -614,8 +629,8 @@ impl AmqpTransport {
         }
     }
 
-    async fn drop_consumer(&self, conn: &Conn, queue: &str, id: u64) {
-        let mut consumers = conn.consumers.lock().await;
+    fn drop_consumer(&self, conn: &Conn, queue: &str, id: u64) {
+        let mut consumers = lock(&conn.consumers);
         if consumers.get(queue).is_some_and(|c| c.id == id) {
             consumers.remove(queue);
         }
@@ -750,7 +765,7 @@ impl AmqpTransport {
         if conn.ready(queue).await?.unwrap_or(0) > 0 {
             return Ok(Some(Duration::ZERO));
         }
-        let consumer = conn.consumers.lock().await.get(queue).cloned();
+        let consumer = lock(&conn.consumers).get(queue).cloned();
         if let Some(c) = consumer
             && c.channel.status().connected()
         {
@@ -787,7 +802,7 @@ impl AmqpTransport {
         let conn = self.conn().await?;
         let ready = conn.ready(queue).await?.unwrap_or(0);
         let (delayed, _) = self.delayed(&conn, queue).await?;
-        let in_flight = match conn.consumers.lock().await.get(queue) {
+        let in_flight = match lock(&conn.consumers).get(queue) {
             Some(c) => c.outstanding.load(Ordering::Relaxed),
             None => 0,
         };
@@ -798,7 +813,8 @@ impl AmqpTransport {
         let Some(conn) = lock(&self.inner.current).clone() else {
             return Ok(());
         };
-        let Some(c) = conn.consumers.lock().await.remove(queue) else {
+        let removed = lock(&conn.consumers).remove(queue);
+        let Some(c) = removed else {
             return Ok(());
         };
         if c.channel.status().connected() {
