@@ -5,7 +5,7 @@
 //! `meta.id` with `#[idempotent]`.
 //!
 //! This is the facade crate: it re-exports [`babelqueue_core`] and, behind cargo
-//! features, the backends (`redis`, `postgres`, `sqlite`).
+//! features, the backends (`redis`, `postgres`, `sqlite`, `amqp`).
 //!
 //! ## A note on `serde_json` features
 //!
@@ -75,6 +75,12 @@ pub use babelqueue_postgres as postgres;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use babelqueue_sqlite as sqlite;
+
+/// The RabbitMQ (AMQP 0-9-1) transport: [`AmqpTransport`](babelqueue_amqp::AmqpTransport)
+/// (feature `amqp`).
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use babelqueue_amqp as amqp;
 
 /// The code blocks of `README.md`, compiled (and run, where they need no server) as
 /// doctests so the README cannot drift from the API.
