@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! cargo run --example payments                      # embedded: in-memory queue and store
-//! cargo run --example payments -- produce [--count N]   # payments (each twice) to Redis
+//! cargo run --example payments -- produce [--count N]   # payments (each twice) to BROKER_URL
 //! cargo run --example payments -- consume [options] # drain (or --follow) the queue
 //! cargo run --example payments -- --help
 //! ```
 //!
-//! Environment: `BROKER_URL` (default `redis://localhost:6379/0`), `STORE_URL` (the dedupe
-//! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis,
+//! Environment: `BROKER_URL` (default `redis://localhost:6379/0`; `amqp://…` selects
+//! RabbitMQ: the scheme decides, as in the other SDKs), `STORE_URL` (the dedupe
+//! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis when the
+//! broker is Redis, else `redis://localhost:6379/0`,
 //! `POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test` for postgres; the table is
 //! created on first use), `QUEUE` (default `payments`), `STORE_PATH` (default
 //! `babelqueue-payments.sqlite3`, for `--store embedded`). `RUST_LOG` sets the log level
@@ -25,6 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
+use babelqueue::amqp::AmqpTransport;
+use babelqueue::binding::BrokerUrl;
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
@@ -257,11 +261,26 @@ async fn embedded() -> Result<bool, Box<dyn std::error::Error>> {
     Ok(ok && stats.succeeded == 1 && stats.skipped == 1 && transport.is_empty(&queue))
 }
 
+/// The broker `BROKER_URL` names, by its scheme as every SDK of the family reads it:
+/// `redis://` / `rediss://` (Redis lists) or `amqp://` / `amqps://` (RabbitMQ).
+async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error::Error>> {
+    Ok(match BrokerUrl::parse(url)? {
+        BrokerUrl::Redis { .. } => Arc::new(RedisTransport::connect(url).await?),
+        BrokerUrl::Amqp(_) => Arc::new(AmqpTransport::open(url).await?),
+        other => {
+            return Err(format!(
+                "BROKER_URL {other}: this example speaks redis:// and amqp:// (SQS and Kafka are not built yet)"
+            )
+            .into());
+        }
+    })
+}
+
 async fn produce(count: usize) -> Result<bool, Box<dyn std::error::Error>> {
     let url = env_or("BROKER_URL", "redis://localhost:6379/0");
     let queue = env_or("QUEUE", "payments");
-    let transport = RedisTransport::connect(&url).await?;
-    let app = App::new(transport).queue(&queue);
+    let transport = open_broker(&url).await?;
+    let app = App::from_arc(transport).queue(&queue);
     if count <= 1 {
         let bytes = payment(&queue)?;
         let id = Envelope::decode(&bytes)?.meta.id;
@@ -286,9 +305,15 @@ async fn open_store(
     broker_url: &str,
 ) -> Result<(DynStore, LeaseBackend), Box<dyn std::error::Error>> {
     let store_url = std::env::var("STORE_URL").ok();
+    // On another broker than Redis, the Redis store needs its own URL.
+    let redis_default = if broker_url.starts_with("redis") {
+        broker_url
+    } else {
+        "redis://localhost:6379/0"
+    };
     Ok(match kind {
         "redis" => {
-            let s = RedisStore::connect(store_url.as_deref().unwrap_or(broker_url)).await?;
+            let s = RedisStore::connect(store_url.as_deref().unwrap_or(redis_default)).await?;
             (DynStore::new(s.clone()), LeaseBackend::Redis(s))
         }
         "postgres" => {
@@ -338,8 +363,8 @@ async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
     }
     let _ = GATEWAY.set(o.gateway);
     let _ = QUIET.set(o.quiet);
-    let transport = RedisTransport::connect(&url).await?;
-    let mut app = App::new(transport.clone())
+    let transport = open_broker(&url).await?;
+    let mut app = App::from_arc(Arc::clone(&transport))
         .queue(&queue)
         .concurrency(o.concurrency)
         .on_delivery(report);
@@ -359,7 +384,13 @@ async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
         app.drain().await?
     };
     let ok = summary(&stats);
-    let left = transport.len(&queue).await?;
+    let left = match transport.depth(&queue).await {
+        Ok(depth) => depth.ready,
+        Err(e) => {
+            println!("[rust] could not read the depth of {queue}: {e}");
+            0
+        }
+    };
     if left > 0 {
         println!("[rust] {left} message(s) left in {queue}");
     }
@@ -371,8 +402,8 @@ const USAGE: &str = "usage: payments [COMMAND] [OPTIONS]
 
 Commands:
   (none)                  embedded demo: the same payment delivered twice, charged once
-  produce [--count N]     publish N payments (default 1), each twice, to Redis
-  consume [OPTIONS]       consume the queue from Redis and charge each payment once
+  produce [--count N]     publish N payments (default 1), each twice, to BROKER_URL
+  consume [OPTIONS]       consume the queue from BROKER_URL and charge each payment once
 
 consume options:
   --store KIND            dedupe store: redis (default), postgres, embedded, memory
@@ -387,8 +418,10 @@ consume options:
   -h, --help              this help
 
 Environment:
-  BROKER_URL   Redis broker (default redis://localhost:6379/0)
-  STORE_URL    the dedupe store's own URL (default BROKER_URL; POSTGRES_URL for postgres)
+  BROKER_URL   the broker, by its scheme: redis://… (default redis://localhost:6379/0)
+               or amqp://user:pass@host:port/vhost (RabbitMQ)
+  STORE_URL    the dedupe store's own URL (redis: default BROKER_URL when it is Redis,
+               else redis://localhost:6379/0; postgres: default POSTGRES_URL)
   QUEUE        queue name (default payments)
   STORE_PATH   SQLite file for --store embedded (default babelqueue-payments.sqlite3)
   RUST_LOG     log level (default warn)
