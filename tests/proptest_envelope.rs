@@ -136,3 +136,24 @@ proptest! {
         let _ = Envelope::decode(&bytes);
     }
 }
+
+/// Found by the `envelope` fuzz target: a `meta.created_at` that is not an i64 (beyond its
+/// range, or a float) is read as absent, like the other optional `meta` fields, and an
+/// encoding writes `created_at` once (it was kept in `meta.extra` and written twice).
+#[test]
+fn a_created_at_beyond_i64_is_read_as_absent_and_written_once() {
+    for raw in ["1749132727049132727000", "1.7e12", "\"yesterday\""] {
+        let body = format!(
+            r#"{{"job":"urn:x","trace_id":"t","data":{{}},"meta":{{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":{raw}}},"attempts":0}}"#
+        );
+        let env = Envelope::decode(body.as_bytes()).expect("accepted");
+        assert_eq!(env.meta.created_at, 0, "{raw}");
+        assert!(!env.meta.extra.contains_key("created_at"), "{raw}");
+        let bytes = env.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.matches("\"created_at\"").count(), 1, "{text}");
+        let again = Envelope::decode(&bytes).expect("re-encoded is accepted");
+        assert_eq!(again, env);
+        assert_eq!(again.encode(), bytes, "the encoding is stable");
+    }
+}

@@ -397,13 +397,13 @@ impl Envelope {
         let id = string_field(&mut meta, "id");
         let queue = string_field(&mut meta, "queue");
         let lang = string_field(&mut meta, "lang");
-        let created_at = match meta.get("created_at").and_then(Value::as_i64) {
-            Some(ms) => {
-                meta.shift_remove("created_at");
-                ms
-            }
-            None => 0,
-        };
+        // Like the other optional `meta` fields, one of the wrong type (a float, a number
+        // beyond i64) is read as absent; it is taken out of `meta` either way, so an
+        // encoding writes `created_at` once.
+        let created_at = meta
+            .shift_remove("created_at")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0);
         let dead_letter = match obj.get("dead_letter") {
             Some(v) => match DeadLetter::deserialize(v) {
                 Ok(dl) => {
