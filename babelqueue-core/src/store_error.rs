@@ -23,7 +23,7 @@
 use std::error::Error;
 use std::fmt;
 
-use crate::handler::BoxError;
+use crate::outcome::BoxError;
 use crate::key::UnstorableId;
 
 /// Why a store could not answer.
