@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
-use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_lease_async, guard_ttl_async};
+use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, Guard};
 
 const RUNS: usize = 5;
 
@@ -425,12 +425,12 @@ async fn redis_round_trips() {
             let sent_before = requests.load(std::sync::atomic::Ordering::SeqCst);
             for id in &messages {
                 let r = if is_lease {
-                    guard_lease_async(&store, id.as_str(), lease, None, async {
+                    Guard::new(&store).lease(lease).run_async(id.as_str(), async {
                         Ok::<(), BoxError>(())
                     })
                     .await
                 } else {
-                    guard_ttl_async(&store, id.as_str(), None, async { Ok::<(), BoxError>(()) })
+                    Guard::new(&store).run_async(id.as_str(), async { Ok::<(), BoxError>(()) })
                         .await
                 };
                 let out = r.expect("guard");
@@ -562,7 +562,7 @@ fn main() {
 /// (so only the guard is measured): the blocking guard runs a renewal thread beside every
 /// handler, the async guard a renewal future in the same task.
 async fn lease_guard_cost() {
-    use babelqueue::{InFlight, guard_lease};
+    use babelqueue::{InFlight, Guard};
     #[derive(Debug)]
     struct Busy;
     impl From<InFlight> for Busy {
@@ -580,7 +580,7 @@ async fn lease_guard_cost() {
         let started = std::time::Instant::now();
         tokio::task::block_in_place(|| {
             for id in &ids {
-                guard_lease(&store, id.as_str(), lease, None, || Ok::<(), Busy>(()))
+                Guard::new(&store).lease(lease).run(id.as_str(), || Ok::<(), Busy>(()))
                     .expect("lease guard");
             }
         });
@@ -588,7 +588,7 @@ async fn lease_guard_cost() {
         let store = InMemoryStore::new();
         let started = std::time::Instant::now();
         for id in &ids {
-            guard_lease_async(&store, id.as_str(), lease, None, async {
+            Guard::new(&store).lease(lease).run_async(id.as_str(), async {
                 Ok::<(), Busy>(())
             })
             .await

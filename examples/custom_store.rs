@@ -89,7 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut charged = 0;
     for _ in 0..2 {
         // The same envelope twice: a redelivery. The guard charges once.
-        let outcome = guard_async(&store, &env, async {
+        let outcome = Guard::new(&store).run_async(&env, async {
             charged += 1;
             Ok::<(), Infallible>(())
         })

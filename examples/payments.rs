@@ -31,7 +31,7 @@ use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Tr
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
     AsyncLeaseStore, BoxError, Envelope, EnvelopeError, InMemoryStore, dyn_store::DynStore,
-    dyn_store::DynStoreError, guard_lease_async, handler, idempotent, store::IntoHandlerError,
+    dyn_store::DynStoreError, Guard, handler, idempotent, store::IntoHandlerError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -129,7 +129,7 @@ where
     S: AsyncLeaseStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    guard_lease_async(store, &env, lease, None, async {
+    Guard::new(store).lease(lease).run_async(&env, async {
         let _: Payment = env.data_as()?;
         gateway_charge().await?;
         record_charge(&env)?;

@@ -15,8 +15,7 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, guard_fingerprint,
-    guard_fingerprint_async, store::IntoHandlerError,
+    AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, Guard, store::IntoHandlerError,
 };
 use serde_json::json;
 
@@ -39,13 +38,13 @@ where
     S: AsyncFingerprintStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    let out = guard_fingerprint_async(store, key, fingerprint, None, async {
+    let out = Guard::new(store).fingerprint(fingerprint).run_async(key, async {
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<(), BoxError>(())
     })
     .await;
     match out {
-        Ok(o) => Ok(o),
+        Ok(o) => Ok(o.outcome),
         Err(e) => Err(e
             .downcast_ref::<PayloadMismatch>()
             .cloned()
@@ -125,7 +124,7 @@ async fn memory_store_fingerprints() {
 #[test]
 fn memory_store_fingerprints_blocking_guard() {
     let store = InMemoryStore::new();
-    let run = |amount| guard_fingerprint(&store, "k", fp(amount), None, || Ok::<(), BoxError>(()));
+    let run = |amount| Guard::new(&store).fingerprint(fp(amount)).run("k", || Ok::<(), BoxError>(()));
     assert_eq!(run(1).unwrap(), Outcome::Ran);
     assert_eq!(run(1).unwrap(), Outcome::Skipped);
     assert!(run(2).unwrap_err().is::<PayloadMismatch>());
@@ -322,7 +321,7 @@ async fn the_runtime_dead_letters_a_mismatch_as_failed() {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
                 let key = handler_key(&env, None, &env.data["payment_id"]);
-                guard_fingerprint_async(&*st, key, Fingerprint::of_envelope(&env), None, async {
+                Guard::new(&*st).fingerprint(Fingerprint::of_envelope(&env)).run_async(key, async {
                     ch.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), BoxError>(())
                 })

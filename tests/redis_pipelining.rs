@@ -14,7 +14,7 @@ use babelqueue::pipelined::PipelinedWrite;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisTransport, keys::queue_keys};
 use babelqueue::runtime::{App, Permanent, Transport};
-use babelqueue::{AsyncStore, Envelope, guard_async};
+use babelqueue::{AsyncStore, Envelope, Guard};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -242,7 +242,7 @@ async fn drain_payments(
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (st.clone(), fx.clone());
             async move {
-                guard_async(&*st, &env, async {
+                Guard::new(&*st).run_async(&env, async {
                     fx.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), ChargeError>(())
                 })
@@ -328,7 +328,7 @@ async fn a_handler_failing_after_its_guard_succeeded_still_remembers_the_id() {
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async { Ok::<(), ChargeError>(()) }).await?;
+                Guard::new(&*st).run_async(&env, async { Ok::<(), ChargeError>(()) }).await?;
                 // The guarded effect happened; what follows fails for good.
                 Err::<(), _>(ChargeError::Declined(Permanent::new("card declined")))
             }
@@ -370,7 +370,7 @@ async fn one_at_a_time(
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (store.clone(), fx.clone());
             async move {
-                guard_async(&*st, &env, async {
+                Guard::new(&*st).run_async(&env, async {
                     fx.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), ChargeError>(())
                 })

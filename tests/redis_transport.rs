@@ -12,7 +12,7 @@ use babelqueue::redis::{
     RedisStore, RedisTransport, consumer_processing_list, keys::queue_keys, processing_list,
 };
 use babelqueue::runtime::{App, Transport, recover_poison};
-use babelqueue::{Envelope, envelope::now_millis, guard_async};
+use babelqueue::{Envelope, envelope::now_millis, Guard};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -176,7 +176,7 @@ async fn a_duplicate_is_skipped_and_acked_with_the_redis_store() {
             .route_async(CHARGE, move |env: Envelope| {
                 let (st, ch) = (st.clone(), ch.clone());
                 async move {
-                    guard_async(&*st, &env, async {
+                    Guard::new(&*st).run_async(&env, async {
                         ch.fetch_add(1, Ordering::SeqCst);
                         Ok::<(), ChargeError>(())
                     })

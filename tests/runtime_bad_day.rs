@@ -11,7 +11,7 @@ use babelqueue::runtime::{
     App, Delivery, Disposition, InMemoryTransport, Permanent, Report, RetryPolicy, Transport,
     TransportError, recover_poison,
 };
-use babelqueue::{AsyncStore, BoxFuture, DeadLetterReason, Envelope, InMemoryStore, guard_async};
+use babelqueue::{AsyncStore, BoxFuture, DeadLetterReason, Envelope, InMemoryStore, Guard};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -105,7 +105,7 @@ fn charge_app(
         .route_async(CHARGE, move |env: Envelope| {
             let (store, effects) = (store.clone(), effects.clone());
             async move {
-                guard_async(&*store, &env, async {
+                Guard::new(&*store).run_async(&env, async {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }

@@ -10,7 +10,7 @@ use babelqueue::runtime::{
 };
 use babelqueue::{
     AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, envelope::now_millis,
-    guard_async, guard_lease_async,
+    Guard,
 };
 use serde_json::{Value, json};
 
@@ -69,7 +69,7 @@ async fn a_duplicate_is_skipped_and_acked() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
-                guard_async(&*st, &env, async {
+                Guard::new(&*st).run_async(&env, async {
                     ch.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), ChargeDeclined>(())
                 })
@@ -486,7 +486,7 @@ async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, r) = (st.clone(), r.clone());
             async move {
-                guard_lease_async(&*st, &env, Duration::from_secs(30), None, async {
+                Guard::new(&*st).lease(Duration::from_secs(30)).run_async(&env, async {
                     r.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), LeasedError>(())
                 })
@@ -608,7 +608,7 @@ async fn the_observer_sees_every_delivery() {
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async { Ok::<(), ChargeDeclined>(()) })
+                Guard::new(&*st).run_async(&env, async { Ok::<(), ChargeDeclined>(()) })
                     .await
                     .map(drop)
             }
@@ -708,7 +708,7 @@ async fn each_message_has_a_span_and_events_for_ack_skip_retry_and_dead_letter()
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async {
+                Guard::new(&*st).run_async(&env, async {
                     if env.data.contains_key("fail") {
                         Err(ChargeDeclined("x".into()))
                     } else {

@@ -42,7 +42,7 @@ async fn renewed_lease_holds_under_paused_time() {
 
     use babelqueue::lease::current_fencing_token;
     use babelqueue::{
-        BoxError, InFlight, Outcome, guard::guard_lease_report_async, lease::Claim,
+        BoxError, InFlight, Outcome, guard::Guard, lease::Claim,
         lease::LeaseHealth,
     };
 
@@ -54,12 +54,7 @@ async fn renewed_lease_holds_under_paused_time() {
             tokio::spawn(async move {
                 loop {
                     let effects = Arc::clone(&effects);
-                    let r = guard_lease_report_async(
-                        &*store,
-                        "pay_7f3a",
-                        Duration::from_millis(300),
-                        None,
-                        async move {
+                    let r = Guard::new(&*store).lease(Duration::from_millis(300)).run_async("pay_7f3a", async move {
                             effects.fetch_add(1, Ordering::SeqCst);
                             assert!(current_fencing_token().is_some());
                             tokio::time::sleep(Duration::from_secs(2)).await;

@@ -493,6 +493,51 @@ pub trait AcceptsInFlight: From<InFlight> {}
 #[diagnostic::do_not_recommend]
 impl<E: From<InFlight>> AcceptsInFlight for E {}
 
+/// The envelope behind a parameter `#[idempotent]` reads it from when its type is not
+/// spelled `&Envelope`: `Arc<Envelope>`, `Box<Envelope>`, or a type alias of one, in a
+/// parameter named `env` or `envelope`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use babelqueue_core::macro_support::EnvelopeParam;
+/// use babelqueue_core::Envelope;
+///
+/// type Env = Arc<Envelope>;
+/// let env: Env = Arc::new(Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?);
+/// assert_eq!(EnvelopeParam::envelope(&env).job, "urn:babel:payments:charge");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an envelope",
+    label = "#[idempotent] reads the message's `meta.id` (and `job`) from this parameter",
+    note = "a parameter named `env` or `envelope` is taken for the envelope: give it the type `&Envelope`, `Envelope` or `Arc<Envelope>` (or an alias of one), or rename it and say what to key on with `key = ...`"
+)]
+pub trait EnvelopeParam {
+    /// The envelope.
+    fn envelope(&self) -> &Envelope;
+}
+
+impl EnvelopeParam for Envelope {
+    #[inline]
+    fn envelope(&self) -> &Envelope {
+        self
+    }
+}
+
+macro_rules! envelope_param_through {
+    ($($ty:ty),*) => {$(
+        #[diagnostic::do_not_recommend]
+        impl<T: EnvelopeParam + ?Sized> EnvelopeParam for $ty {
+            #[inline]
+            fn envelope(&self) -> &Envelope {
+                T::envelope(self)
+            }
+        }
+    )*};
+}
+
+envelope_param_through!(&T, &mut T, std::sync::Arc<T>, Box<T>, std::rc::Rc<T>);
+
 /// A value `key = ...` can take.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a dedupe key",

@@ -20,12 +20,12 @@ use crate::store::{AsyncStore, Store};
 /// `release`; `store` is the name given to [`new`](Self::new).
 ///
 /// ```
-/// use babelqueue_core::{guard, Envelope, InMemoryStore};
+/// use babelqueue_core::{Guard, Envelope, InMemoryStore};
 /// use babelqueue_core::runtime::metrics::Metered;
 ///
 /// let store = Metered::new(InMemoryStore::new(), "memory");
 /// let env = Envelope::new("urn:babel:orders:created", serde_json::json!({}))?;
-/// guard(&store, &env, || ())?; // one `seen` and one `remember`, both timed
+/// Guard::new(&store).run(&env, || ())?; // one `seen` and one `remember`, both timed
 /// assert_eq!(store.name(), "memory");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
