@@ -25,7 +25,7 @@ use babelqueue::redis::{
     delayed_set,
 };
 use babelqueue::runtime::RetryPolicy;
-use babelqueue::{App, Envelope, InFlight, Guard};
+use babelqueue::{App, Envelope, Guard, InFlight};
 use fleet_support::{QueueGuard, RedisServer, raw, shared_url};
 use serde_json::json;
 
@@ -133,7 +133,10 @@ async fn run_child() {
                     Ok::<(), ChargeError>(())
                 };
                 if lease {
-                    Guard::new(&store).lease(lease_for).run_async(&env, work).await?;
+                    Guard::new(&store)
+                        .lease(lease_for)
+                        .run_async(&env, work)
+                        .await?;
                 } else {
                     Guard::new(&store).run_async(&env, work).await?;
                 }
@@ -546,12 +549,13 @@ async fn start_drainer(broker: &str, queue: &str, prefix: &str, handler: Duratio
             let prefix = prefix.clone();
             async move {
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
-                Guard::new(&store).run_async(&env, async {
-                    tokio::time::sleep(handler).await;
-                    charge(&mut effects, &prefix, &pid).await?;
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(handler).await;
+                        charge(&mut effects, &prefix, &pid).await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 Ok::<(), ChargeError>(())
             }
         });

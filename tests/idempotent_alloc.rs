@@ -26,7 +26,7 @@ use std::pin::pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll, Waker};
 
-use babelqueue::{Envelope, InMemoryStore, Guard, idempotent};
+use babelqueue::{Envelope, Guard, InMemoryStore, idempotent};
 
 // --- allocation counting, per thread ------------------------------------------------------
 
@@ -93,7 +93,8 @@ fn body(env: &Envelope) -> Result<(), std::io::Error> {
 }
 
 async fn hand_async(env: &Envelope) -> Result<(), std::io::Error> {
-    Guard::new(&*HAND_ASYNC).run_async(env, async { body(env) })
+    Guard::new(&*HAND_ASYNC)
+        .run_async(env, async { body(env) })
         .await
         .map(|_| ())
 }
@@ -122,7 +123,8 @@ async fn hand_keyed(env: &Envelope) -> Result<(), std::io::Error> {
         key.push_str(id);
         key
     });
-    Guard::new(&*HAND_KEYED).run_async(key, async { body(env) })
+    Guard::new(&*HAND_KEYED)
+        .run_async(key, async { body(env) })
         .await
         .map(|_| ())
 }

@@ -104,17 +104,18 @@ fn rust_app(
                 d.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
-                Guard::new(&store).run_async(&env, async {
-                    redis::pipe()
-                        .incr(format!("{fx}:charges:{pid}"), 1)
-                        .ignore()
-                        .sadd(format!("{fx}:charged"), &pid)
-                        .ignore()
-                        .query_async::<()>(&mut effects)
-                        .await?;
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        redis::pipe()
+                            .incr(format!("{fx}:charges:{pid}"), 1)
+                            .ignore()
+                            .sadd(format!("{fx}:charged"), &pid)
+                            .ignore()
+                            .query_async::<()>(&mut effects)
+                            .await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 Ok::<(), ChargeError>(())
             }
         })

@@ -148,14 +148,17 @@ async fn produce_consume_retry_recover_and_dedupe_on_a_cluster() {
             .route_async(CHARGE, move |env: Envelope| {
                 let (c, f, s) = (c.clone(), f.clone(), s.clone());
                 async move {
-                    Guard::new(&s).run_async(&env, async {
-                        if env.data["fail_once"] == true && f.fetch_add(1, Ordering::SeqCst) == 0 {
-                            return Err(ChargeError::Hiccup);
-                        }
-                        c.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    })
-                    .await?;
+                    Guard::new(&s)
+                        .run_async(&env, async {
+                            if env.data["fail_once"] == true
+                                && f.fetch_add(1, Ordering::SeqCst) == 0
+                            {
+                                return Err(ChargeError::Hiccup);
+                            }
+                            c.fetch_add(1, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .await?;
                     Ok::<(), ChargeError>(())
                 }
             });

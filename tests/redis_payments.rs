@@ -309,13 +309,14 @@ async fn a_python_produced_duplicate_is_charged_once_in_process() {
         .route_async("urn:babel:payments:charge", move |env: Envelope| {
             let (st, ch, se) = (st.clone(), ch.clone(), se.clone());
             async move {
-                Guard::new(&*st).run_async(&env, async {
-                    ch.fetch_add(1, Ordering::SeqCst);
-                    se.lock().unwrap().push(env.clone());
-                    Ok::<(), StoreDown>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        ch.fetch_add(1, Ordering::SeqCst);
+                        se.lock().unwrap().push(env.clone());
+                        Ok::<(), StoreDown>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let stats = app.drain().await.unwrap();

@@ -86,14 +86,15 @@ where
         .route_async(CHARGE, move |env: Envelope| {
             let (store, effects) = (store.clone(), effects.clone());
             async move {
-                Guard::new(&*store).run_async(&env, async {
-                    tokio::time::sleep(gateway).await;
-                    let id = env.data["payment_id"].as_str().unwrap().to_owned();
-                    *effects.lock().unwrap().entry(id).or_insert(0) += 1;
-                    Ok::<(), BoxError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(gateway).await;
+                        let id = env.data["payment_id"].as_str().unwrap().to_owned();
+                        *effects.lock().unwrap().entry(id).or_insert(0) += 1;
+                        Ok::<(), BoxError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         })
 }

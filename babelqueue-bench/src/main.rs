@@ -29,8 +29,7 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::App;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, Guard,
-    store::IntoHandlerError,
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, Guard, InMemoryStore, store::IntoHandlerError,
 };
 use clap::{Parser, ValueEnum};
 use rand::SeedableRng;
@@ -261,11 +260,11 @@ where
                 };
                 match mode {
                     Mode::Seen => Guard::new(&*store).run_async(&env, charge).await.map(drop),
-                    Mode::Lease => {
-                        Guard::new(&*store).lease(Duration::from_secs(30)).run_async(&env, charge)
-                            .await
-                            .map(drop)
-                    }
+                    Mode::Lease => Guard::new(&*store)
+                        .lease(Duration::from_secs(30))
+                        .run_async(&env, charge)
+                        .await
+                        .map(drop),
                 }
             }
         })

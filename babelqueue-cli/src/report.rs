@@ -35,4 +35,3 @@ impl Report {
         s
     }
 }
-

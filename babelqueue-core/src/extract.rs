@@ -289,7 +289,6 @@ impl FromEnvelope for crate::envelope::Meta {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,9 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
-use crate::fingerprint::{self, AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch};
+use crate::fingerprint::{
+    self, AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
+};
 use crate::inflight;
 use crate::key::DedupeKey;
 use crate::lease::{
@@ -229,7 +231,10 @@ impl<'s, S: ?Sized> Guard<'s, S, Transactional> {
     /// Stores `fingerprint` with the key's row and refuses a duplicate whose payload
     /// differs (see [`Guard::fingerprint`]).
     #[inline]
-    pub const fn fingerprint(self, fingerprint: Fingerprint) -> Guard<'s, S, Transactional<Fingerprint>> {
+    pub const fn fingerprint(
+        self,
+        fingerprint: Fingerprint,
+    ) -> Guard<'s, S, Transactional<Fingerprint>> {
         Guard {
             store: self.store,
             ttl: self.ttl,
@@ -612,9 +617,7 @@ impl<S: AsyncFingerprintStore + ?Sized> Guard<'_, S, Fingerprinted> {
         }
         inflight::handler_runs();
         handler.await.into_result()?;
-        if let Err(err) =
-            inflight::store_after(store.remember_fingerprint(&key, &fp, ttl)).await
-        {
+        if let Err(err) = inflight::store_after(store.remember_fingerprint(&key, &fp, ttl)).await {
             remember_failed(&key, &err);
         }
         Ok(Guarded::unclaimed(done(Outcome::Ran)))
@@ -653,7 +656,10 @@ impl<S: TransactionalStore + ?Sized> Guard<'_, S, Transactional> {
         S::Error: IntoHandlerError<R::Error>,
     {
         let key = key.dedupe_key();
-        without_mismatch(self.store.transaction_guard(key.as_deref(), self.ttl, None, handler))
+        without_mismatch(
+            self.store
+                .transaction_guard(key.as_deref(), self.ttl, None, handler),
+        )
     }
 }
 
@@ -669,7 +675,10 @@ impl<S: TransactionalStore + ?Sized> Guard<'_, S, Transactional<Fingerprint>> {
     {
         let key = key.dedupe_key();
         let fp = Some(self.mode.fingerprint);
-        with_mismatch(self.store.transaction_guard(key.as_deref(), self.ttl, fp, handler))
+        with_mismatch(
+            self.store
+                .transaction_guard(key.as_deref(), self.ttl, fp, handler),
+        )
     }
 }
 
@@ -719,7 +728,6 @@ fn release_failed(key: &str, err: &dyn std::error::Error) {
         "handler failed and releasing its claim failed; the id stays blocked until the lease ends"
     );
 }
-
 
 /// After a successful handler: logs what `complete` answered and, when the lease was lost
 /// (complete refused), remembers the id if nobody holds it (`remember`), so a later
@@ -877,22 +885,21 @@ mod tests {
         let store = TestStore::default();
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let (out, recorded) = capture_outcome(Guard::new(&store).run_async(
-            "id-A",
-            handler(&runs, &dropped, Ok(())),
-        ))
-        .await;
-        assert_eq!((out.unwrap().outcome, recorded), (Outcome::Ran, Some(Outcome::Ran)));
+        let (out, recorded) =
+            capture_outcome(Guard::new(&store).run_async("id-A", handler(&runs, &dropped, Ok(()))))
+                .await;
+        assert_eq!(
+            (out.unwrap().outcome, recorded),
+            (Outcome::Ran, Some(Outcome::Ran))
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 1);
         assert!(store.has("id-A"));
 
         let dropped = Arc::new(AtomicBool::new(false));
-        let (out, recorded) = capture_outcome(Guard::new(&store).run_async(
-            "id-A",
-            handler(&runs, &dropped, Ok(())),
-        ))
-        .await;
+        let (out, recorded) =
+            capture_outcome(Guard::new(&store).run_async("id-A", handler(&runs, &dropped, Ok(()))))
+                .await;
         assert_eq!(
             (out.unwrap().outcome, recorded),
             (Outcome::Skipped, Some(Outcome::Skipped))
@@ -909,21 +916,27 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         for key in ["", ""] {
-            let (out, recorded) =
-                capture_outcome(Guard::new(&store).run_async( key, handler(&runs, &dropped, Ok(())))).await;
+            let (out, recorded) = capture_outcome(
+                Guard::new(&store).run_async(key, handler(&runs, &dropped, Ok(()))),
+            )
+            .await;
             assert_eq!(
                 (out.unwrap().outcome, recorded),
                 (Outcome::RanWithoutKey, Some(Outcome::RanWithoutKey))
             );
         }
         // A `None` key too.
-        let out = Guard::new(&store).run_async( None::<&str>, handler(&runs, &dropped, Ok(()))).await;
+        let out = Guard::new(&store)
+            .run_async(None::<&str>, handler(&runs, &dropped, Ok(())))
+            .await;
         assert_eq!(out.unwrap().outcome, Outcome::RanWithoutKey);
         assert_eq!(runs.load(Ordering::SeqCst), 3);
         assert_eq!(store.seen_calls.load(Ordering::SeqCst), 0);
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         // A failing handler without a key: its error is returned.
-        let out = Guard::new(&store).run_async( "", handler(&runs, &dropped, Err(down()))).await;
+        let out = Guard::new(&store)
+            .run_async("", handler(&runs, &dropped, Err(down())))
+            .await;
         assert_eq!(out.unwrap_err().to_string(), "store down");
     }
 
@@ -933,17 +946,18 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         let failed = std::io::Error::other("charge declined");
-        let (out, recorded) = capture_outcome(Guard::new(&store).run_async(
-            "id-B",
-            handler(&runs, &dropped, Err(failed)),
-        ))
+        let (out, recorded) = capture_outcome(
+            Guard::new(&store).run_async("id-B", handler(&runs, &dropped, Err(failed))),
+        )
         .await;
         assert_eq!(out.unwrap_err().to_string(), "charge declined");
         assert_eq!(recorded, None, "a failed handler records no outcome");
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         assert!(!store.has("id-B"));
         // The retry runs.
-        let out = Guard::new(&store).run_async( "id-B", handler(&runs, &dropped, Ok(()))).await;
+        let out = Guard::new(&store)
+            .run_async("id-B", handler(&runs, &dropped, Ok(())))
+            .await;
         assert_eq!(
             (out.unwrap().outcome, runs.load(Ordering::SeqCst)),
             (Outcome::Ran, 2)
@@ -958,14 +972,16 @@ mod tests {
         };
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let out = Guard::new(&store).run_async( "id-C", handler(&runs, &dropped, Ok(()))).await;
+        let out = Guard::new(&store)
+            .run_async("id-C", handler(&runs, &dropped, Ok(())))
+            .await;
         assert_eq!(out.unwrap_err().to_string(), "store down");
         assert_eq!(runs.load(Ordering::SeqCst), 0);
         // Inside the runtime, the typed marker is set too.
         let probe = Arc::new(StoreProbe::default());
         let out = with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-C", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-C", handler(&runs, &dropped, Ok(()))),
         )
         .await;
         assert!(out.is_err());
@@ -982,11 +998,10 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         for _ in 0..2 {
-            let out = Guard::new(&store).ttl(Duration::from_secs(60)).run_async(
-                "id-D",
-                handler(&runs, &dropped, Ok(())),
-            )
-            .await;
+            let out = Guard::new(&store)
+                .ttl(Duration::from_secs(60))
+                .run_async("id-D", handler(&runs, &dropped, Ok(())))
+                .await;
             assert_eq!(out.unwrap().outcome, Outcome::Ran);
         }
         // Not remembered: the redelivery ran again (the known at-least-once window).
@@ -999,7 +1014,7 @@ mod tests {
         let store = TestStore::default();
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let fut = Guard::new(&store).run_async( "id-E", handler(&runs, &dropped, Ok(())));
+        let fut = Guard::new(&store).run_async("id-E", handler(&runs, &dropped, Ok(())));
         drop(fut);
         assert_eq!(store.seen_calls.load(Ordering::SeqCst), 0);
         assert!(dropped.load(Ordering::SeqCst));
@@ -1007,10 +1022,8 @@ mod tests {
         // Dropped while waiting on `seen` (its first poll answered `Pending`).
         let dropped = Arc::new(AtomicBool::new(false));
         {
-            let mut fut = pin!(Guard::new(&store).run_async(
-                "id-E",
-                handler(&runs, &dropped, Ok(()))
-            ));
+            let mut fut =
+                pin!(Guard::new(&store).run_async("id-E", handler(&runs, &dropped, Ok(()))));
             assert!(poll_once(fut.as_mut()).is_pending());
             assert_eq!(store.seen_calls.load(Ordering::SeqCst), 1);
         }
@@ -1021,7 +1034,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = DropFlag(Arc::clone(&dropped));
         {
-            let mut fut = pin!(Guard::new(&store).run_async( "id-E", async move {
+            let mut fut = pin!(Guard::new(&store).run_async("id-E", async move {
                 let _flag = flag;
                 std::future::pending::<Result<(), std::io::Error>>().await
             }));
@@ -1039,10 +1052,8 @@ mod tests {
         let runs = AtomicUsize::new(0);
         for outcome in [Outcome::Ran, Outcome::Skipped] {
             let dropped = Arc::new(AtomicBool::new(false));
-            let mut fut = pin!(Guard::new(&store).run_async(
-                "id-F",
-                handler(&runs, &dropped, Ok(()))
-            ));
+            let mut fut =
+                pin!(Guard::new(&store).run_async("id-F", handler(&runs, &dropped, Ok(()))));
             match poll_once(fut.as_mut()) {
                 Poll::Ready(out) => assert_eq!(out.unwrap().outcome, outcome),
                 Poll::Pending => panic!("the in-memory store never waits"),
@@ -1058,7 +1069,7 @@ mod tests {
         let (release, wait) = tokio::sync::oneshot::channel::<()>();
         let first = with_probe(
             Arc::new(StoreProbe::default()),
-            Guard::new(&store).run_async( "id-G", async {
+            Guard::new(&store).run_async("id-G", async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 wait.await.map_err(std::io::Error::other)
             }),
@@ -1067,7 +1078,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let second = with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-G", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-G", handler(&runs, &dropped, Ok(()))),
         );
         let mut first = pin!(first);
         let mut second = pin!(second);
@@ -1094,7 +1105,7 @@ mod tests {
         assert_eq!(probe.phase().2, None);
         let out = with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-H", async { Ok::<(), std::io::Error>(()) }),
+            Guard::new(&store).run_async("id-H", async { Ok::<(), std::io::Error>(()) }),
         )
         .await;
         assert_eq!(out.unwrap().outcome, Outcome::Ran);
@@ -1105,7 +1116,7 @@ mod tests {
         let probe = Arc::new(StoreProbe::default());
         let out = with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-H", async { Ok::<(), std::io::Error>(()) }),
+            Guard::new(&store).run_async("id-H", async { Ok::<(), std::io::Error>(()) }),
         )
         .await;
         assert_eq!(out.unwrap().outcome, Outcome::Skipped);
@@ -1123,10 +1134,13 @@ mod tests {
         let probe = Arc::new(StoreProbe::with_pipeline(Some("srv".into())));
         let (out, recorded) = capture_outcome(with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-I", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-I", handler(&runs, &dropped, Ok(()))),
         ))
         .await;
-        assert_eq!((out.unwrap().outcome, recorded), (Outcome::Ran, Some(Outcome::Ran)));
+        assert_eq!(
+            (out.unwrap().outcome, recorded),
+            (Outcome::Ran, Some(Outcome::Ran))
+        );
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         let deferred = probe.take_deferred();
         assert_eq!(
@@ -1136,7 +1150,7 @@ mod tests {
         // The turn on the key is held with the write: another delivery waits for it.
         let next = with_probe(
             Arc::new(StoreProbe::default()),
-            Guard::new(&store).run_async( "id-I", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-I", handler(&runs, &dropped, Ok(()))),
         );
         let mut next = pin!(next);
         assert!(poll_once(next.as_mut()).is_pending());
@@ -1150,7 +1164,7 @@ mod tests {
         let probe = Arc::new(StoreProbe::with_pipeline(Some("other".into())));
         let out = with_probe(
             Arc::clone(&probe),
-            Guard::new(&store).run_async( "id-J", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-J", handler(&runs, &dropped, Ok(()))),
         )
         .await;
         assert_eq!(out.unwrap().outcome, Outcome::Ran);
@@ -1181,7 +1195,7 @@ mod tests {
         fn assert_send<T: Send>(_: &T) {}
         let store = InMemoryStore::new();
         let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({})).unwrap();
-        let fut = Guard::new(&store).run_async( &env, async { Ok::<(), std::io::Error>(()) });
+        let fut = Guard::new(&store).run_async(&env, async { Ok::<(), std::io::Error>(()) });
         assert_send(&fut);
         let fut = guard_future_is_send(&store, 42u64, async {});
         assert_send(&fut);

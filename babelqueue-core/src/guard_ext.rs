@@ -79,7 +79,12 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        R::from_outcome(Guard::new(self).ttl(ttl).fingerprint(fingerprint).run(key, body))
+        R::from_outcome(
+            Guard::new(self)
+                .ttl(ttl)
+                .fingerprint(fingerprint)
+                .run(key, body),
+        )
     }
 }
 
@@ -176,7 +181,10 @@ where
     where
         R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
     {
-        let guard = Guard::new(self).ttl(ttl).fingerprint(fingerprint).transaction();
+        let guard = Guard::new(self)
+            .ttl(ttl)
+            .fingerprint(fingerprint)
+            .transaction();
         R::from_outcome(guard.run(key, body))
     }
 }
@@ -226,7 +234,13 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        R::from_outcome(Guard::new(self).ttl(ttl).transaction().run_async(key, body).await)
+        R::from_outcome(
+            Guard::new(self)
+                .ttl(ttl)
+                .transaction()
+                .run_async(key, body)
+                .await,
+        )
     }
 
     async fn guard_fingerprint<F: AsyncFnOnce(&Self::Tx<'_>) -> R>(
@@ -239,7 +253,10 @@ where
     where
         R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
     {
-        let guard = Guard::new(self).ttl(ttl).fingerprint(fingerprint).transaction();
+        let guard = Guard::new(self)
+            .ttl(ttl)
+            .fingerprint(fingerprint)
+            .transaction();
         R::from_outcome(guard.run_async(key, body).await)
     }
 }

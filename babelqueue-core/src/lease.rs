@@ -524,7 +524,9 @@ macro_rules! forward_state_lease_stores {
             }
         }
 
-        impl<S: crate::lease::AsyncLeaseStore> crate::lease::AsyncLeaseStore for crate::extract::State<S> {
+        impl<S: crate::lease::AsyncLeaseStore> crate::lease::AsyncLeaseStore
+            for crate::extract::State<S>
+        {
             fn claim(
                 &self,
                 id: &str,
@@ -552,4 +554,3 @@ macro_rules! forward_state_lease_stores {
 }
 
 forward_state_lease_stores!();
-

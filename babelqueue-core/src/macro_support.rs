@@ -190,7 +190,12 @@ impl<Err: ConvertsInto<E>, E> StoreErrorFits<ResultKind<E>> for Err {}
 
 /// The seen-set guard of a sync handler, as `guard_trait!` calls it.
 #[inline]
-fn run_seen_set<S, Q, F, R>(store: &S, key: Q, ttl: Option<Duration>, body: F) -> Result<Guarded, R::Error>
+fn run_seen_set<S, Q, F, R>(
+    store: &S,
+    key: Q,
+    ttl: Option<Duration>,
+    body: F,
+) -> Result<Guarded, R::Error>
 where
     S: Store + ?Sized,
     Q: DedupeKey,

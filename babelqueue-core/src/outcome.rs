@@ -154,4 +154,3 @@ pub(crate) fn done(outcome: Outcome) -> Outcome {
     record(outcome);
     outcome
 }
-

@@ -278,9 +278,7 @@ macro_rules! forward_state_stores {
                 self.0.pipelined_remember(id, ttl, server)
             }
         }
-
     };
 }
 
 forward_state_stores!();
-

@@ -397,15 +397,16 @@ pub mod async_cases {
                 }
                 let ran = Cell::new(false);
                 let fail = d.outcome == Some(HandlerOutcome::Throw);
-                let result = Guard::new(&store).run_async(&envelope(&d.meta_id), async {
-                    ran.set(true);
-                    if fail {
-                        Err(BoxError::from(Boom))
-                    } else {
-                        Ok(())
-                    }
-                })
-                .await;
+                let result = Guard::new(&store)
+                    .run_async(&envelope(&d.meta_id), async {
+                        ran.set(true);
+                        if fail {
+                            Err(BoxError::from(Boom))
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .await;
                 effects += usize::from(ran.get());
                 expect_delivery(d, ran.get(), result, &at);
             }
@@ -787,8 +788,9 @@ pub mod async_lease_cases {
                 }
                 let ran = Cell::new(false);
                 let fail = d.outcome == Some(HandlerOutcome::Throw);
-                let result =
-                    Guard::new(&store).lease(LONG_LEASE).run_async(&envelope(&d.meta_id), async {
+                let result = Guard::new(&store)
+                    .lease(LONG_LEASE)
+                    .run_async(&envelope(&d.meta_id), async {
                         ran.set(true);
                         if fail {
                             Err(BoxError::from(Boom))
@@ -843,10 +845,10 @@ pub mod async_lease_cases {
     {
         let mut ctx = Ctx::new(&factory);
         let s = ctx.store(None).await;
-        let r = Guard::new(&s).lease(LONG_LEASE).run_async("fails-once", async {
-            Err::<(), BoxError>(Boom.into())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Err::<(), BoxError>(Boom.into()) })
+            .await;
         assert!(
             matches!(&r, Err(e) if e.downcast_ref::<Boom>().is_some()),
             "{r:?}"
@@ -855,15 +857,15 @@ pub mod async_lease_cases {
             !check(s.seen("fails-once").await, "seen"),
             "a failed delivery left the id marked"
         );
-        let r = Guard::new(&s).lease(LONG_LEASE).run_async("fails-once", async {
-            Ok::<(), BoxError>(())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Ok::<(), BoxError>(()) })
+            .await;
         assert_eq!(check(r, "second delivery"), Outcome::Ran);
-        let r = Guard::new(&s).lease(LONG_LEASE).run_async("fails-once", async {
-            Ok::<(), BoxError>(())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Ok::<(), BoxError>(()) })
+            .await;
         assert_eq!(check(r, "third delivery"), Outcome::Skipped);
 
         let Claim::Acquired(t) = check(s.claim("released", LONG_LEASE).await, "claim") else {
@@ -1356,17 +1358,19 @@ where
                 let mut in_flight = 0;
                 loop {
                     let (effects, done) = (Arc::clone(&effects), Arc::clone(&finished));
-                    let r = Guard::new(&*store).lease(race.lease).run_async(id.as_str(), async move {
-                        effects.fetch_add(1, Ordering::SeqCst);
-                        assert!(
-                            crate::lease::current_fencing_token().is_some(),
-                            "no fencing token inside the leased handler"
-                        );
-                        tokio::time::sleep(race.handler).await;
-                        done.store(true, Ordering::SeqCst);
-                        Ok::<(), BoxError>(())
-                    })
-                    .await;
+                    let r = Guard::new(&*store)
+                        .lease(race.lease)
+                        .run_async(id.as_str(), async move {
+                            effects.fetch_add(1, Ordering::SeqCst);
+                            assert!(
+                                crate::lease::current_fencing_token().is_some(),
+                                "no fencing token inside the leased handler"
+                            );
+                            tokio::time::sleep(race.handler).await;
+                            done.store(true, Ordering::SeqCst);
+                            Ok::<(), BoxError>(())
+                        })
+                        .await;
                     match r.map(Outcome::from) {
                         Ok(Outcome::Skipped) => {
                             // (Only meaningful when the holder runs in this process.)
@@ -1535,15 +1539,17 @@ pub mod sync_lease_cases {
                         }
                         let mut ran = false;
                         let fail = d.outcome == Some(HandlerOutcome::Throw);
-                        let result =
-                            Guard::new(&*store).lease(LONG_LEASE).run(&envelope(&d.meta_id), || {
+                        let result = Guard::new(&*store).lease(LONG_LEASE).run(
+                            &envelope(&d.meta_id),
+                            || {
                                 ran = true;
                                 if fail {
                                     Err(BoxError::from(Boom))
                                 } else {
                                     Ok(())
                                 }
-                            });
+                            },
+                        );
                         effects += usize::from(ran);
                         expect_delivery(d, ran, result, &at);
                     }

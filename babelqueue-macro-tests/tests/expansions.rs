@@ -78,7 +78,10 @@ async fn the_typed_form_is_namespaced_by_the_handlers_urn() {
     assert_eq!(dispatch(&router, again).await, Some(Outcome::Skipped));
     let store = &*envelopes::STORE;
     assert!(Store::seen(store, "urn:babel:payments:charge#pay_7f3a").unwrap());
-    assert!(!Store::seen(store, "pay_7f3a").unwrap(), "the key is namespaced");
+    assert!(
+        !Store::seen(store, "pay_7f3a").unwrap(),
+        "the key is namespaced"
+    );
     // The refund (`#[idempotent]` written above `#[handler]`) has a namespace of its own:
     // the same payment id runs there once too.
     let refund = envelope("urn:babel:payments:refund", data.clone());
@@ -97,8 +100,14 @@ async fn handlers_without_the_implicit_prelude_guard() {
     assert_eq!(dispatch(&router, env).await, Some(Outcome::Skipped));
     assert_eq!(no_prelude::SYNC.get(), 1);
 
-    let first = envelope("urn:babel:macro-tests:no-prelude-async", json!({"order": 7}));
-    let again = envelope("urn:babel:macro-tests:no-prelude-async", json!({"order": 7}));
+    let first = envelope(
+        "urn:babel:macro-tests:no-prelude-async",
+        json!({"order": 7}),
+    );
+    let again = envelope(
+        "urn:babel:macro-tests:no-prelude-async",
+        json!({"order": 7}),
+    );
     assert_eq!(dispatch(&router, first).await, Some(Outcome::Ran));
     assert_eq!(dispatch(&router, again).await, Some(Outcome::Skipped));
     assert_eq!(no_prelude::ASYNC.get(), 1);

@@ -500,11 +500,10 @@ fn guarded_fn(
     } else {
         call
     };
-    // A `()` sync body ends with a statement, so lints such as
-    // `semicolon_if_nothing_returned` stay quiet on the expansion (the async one ends
-    // with the awaited guard, as an `async fn` returning `()` written by hand would).
+    // A `()` body ends with a statement, sync or async, so lints such as clippy's
+    // `semicolon_if_nothing_returned` stay quiet on the expansion.
     let call = match &shape.ret {
-        Return::Unit if !is_async => {
+        Return::Unit => {
             let semi = quote_spanned!(last=> ;);
             quote!(#call #semi)
         }
@@ -703,9 +702,8 @@ fn handler_type(
             }
             HandlerArg::Envelope(EnvRef::Owned) => call_args.push(quote!(#envelope)),
             // `Arc<Envelope>`, `Box<Envelope>`, or a type alias: built with `From`.
-            HandlerArg::Envelope(EnvRef::Smart) if owned_needs_clone => call_args.push(
-                quote!(::core::convert::From::from(::core::clone::Clone::clone(&#envelope))),
-            ),
+            HandlerArg::Envelope(EnvRef::Smart) if owned_needs_clone => call_args
+                .push(quote!(::core::convert::From::from(::core::clone::Clone::clone(&#envelope)))),
             HandlerArg::Envelope(EnvRef::Smart) => {
                 call_args.push(quote!(::core::convert::From::from(#envelope)));
             }

@@ -3,8 +3,8 @@
 
 use proc_macro2::TokenStream;
 use quote::ToTokens;
-use syn::spanned::Spanned;
 use syn::ext::IdentExt;
+use syn::spanned::Spanned;
 use syn::{FnArg, Ident, Item, ItemFn, Pat, PathArguments, ReturnType, Signature, Type};
 
 use crate::attr::{Errors, IdempotentArgs, tokens_text};

@@ -8,8 +8,8 @@ use babelqueue_core::fingerprint::{
 use babelqueue_core::{DedupeKey, Outcome, guard::HandlerResult, store::IntoHandlerError, txn};
 use deadpool_postgres::Transaction;
 
-use crate::store::{PostgresStore, PostgresStoreError, millis};
 use crate::statements::Statements;
+use crate::store::{PostgresStore, PostgresStoreError, millis};
 
 fn lookup_of(rows: &[tokio_postgres::Row]) -> Result<Lookup, PostgresStoreError> {
     Ok(match rows.first() {

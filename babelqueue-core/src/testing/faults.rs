@@ -504,11 +504,13 @@ impl<'a> Redelivery<'a> {
         let one = |_: usize| async {
             let env = self.envelope.clone();
             let fut = handler(env);
-            let r = Guard::new(store).ttl(self.ttl).run_async(self.envelope, async {
-                effects.fetch_add(1, Ordering::SeqCst);
-                fut.await
-            })
-            .await;
+            let r = Guard::new(store)
+                .ttl(self.ttl)
+                .run_async(self.envelope, async {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    fut.await
+                })
+                .await;
             (to_result(r), 0)
         };
         let results = self.drive(one).await;
@@ -533,11 +535,14 @@ impl<'a> Redelivery<'a> {
             let mut in_flight = 0;
             loop {
                 let fut = handler(self.envelope.clone());
-                let r = Guard::new(store).ttl(self.ttl).lease(lease).run_async(self.envelope, async {
-                    effects.fetch_add(1, Ordering::SeqCst);
-                    fut.await
-                })
-                .await;
+                let r = Guard::new(store)
+                    .ttl(self.ttl)
+                    .lease(lease)
+                    .run_async(self.envelope, async {
+                        effects.fetch_add(1, Ordering::SeqCst);
+                        fut.await
+                    })
+                    .await;
                 let r = to_result(r);
                 match (&r, self.retry_in_flight) {
                     (DeliveryResult::InFlight, Some(every)) => {
