@@ -770,7 +770,7 @@ fn expect_delivery(d: &Delivery, ran: bool, result: Result<Guarded, BoxError>, a
 pub mod async_lease_cases {
     use super::*;
 
-    /// Every conformance sequence through the lease-mode [`Guard`](crate::Guard) (async).
+    /// Every conformance sequence through the lease-mode [`Guard`] (async).
     pub async fn lease_conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -1305,7 +1305,7 @@ pub mod sync_renewal_cases {
     }
 }
 
-/// Races `n` deliveries of `id` through the lease-mode [`Guard`](crate::Guard) (async) with a slow handler;
+/// Races `n` deliveries of `id` through the lease-mode [`Guard`] (async) with a slow handler;
 /// deliveries told `InFlight` retry. Returns (ran, skipped, in-flight answers seen).
 /// The lease and the handler's duration of a race.
 #[derive(Debug, Clone, Copy)]
@@ -1518,7 +1518,7 @@ pub mod sync_cases {
 pub mod sync_lease_cases {
     use super::*;
 
-    /// Every conformance sequence through the blocking lease-mode [`Guard`](crate::Guard).
+    /// Every conformance sequence through the blocking lease-mode [`Guard`].
     pub async fn sync_lease_conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -1565,7 +1565,7 @@ pub mod sync_lease_cases {
         ctx.done().await;
     }
 
-    /// 16 threads deliver one id at once through the lease-mode [`Guard`](crate::Guard): exactly one effect.
+    /// 16 threads deliver one id at once through the lease-mode [`Guard`]: exactly one effect.
     pub async fn sync_lease_one_effect_across_16_threads<F>(factory: F)
     where
         F: StoreFactory,

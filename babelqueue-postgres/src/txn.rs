@@ -8,7 +8,6 @@ use babelqueue_core::fingerprint::{
 use babelqueue_core::{DedupeKey, Outcome, guard::HandlerResult, store::IntoHandlerError, txn};
 use deadpool_postgres::Transaction;
 
-use crate::statements::Statements;
 use crate::store::{PostgresStore, PostgresStoreError, millis};
 
 fn lookup_of(rows: &[tokio_postgres::Row]) -> Result<Lookup, PostgresStoreError> {
@@ -270,6 +269,7 @@ impl babelqueue_core::txn::AsyncTransactionalStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::statements::Statements;
     use crate::table::TableName;
 
     #[test]

@@ -10,7 +10,7 @@
 //!   gives it.
 //! * [`Redelivery`] delivers one envelope *n* times, one after another or all at once,
 //!   through [`Guard::run_async`](crate::Guard) or
-//!   the lease-mode [`Guard`](crate::Guard) (async) and your handler, and reports what
+//!   the lease-mode [`Guard`] (async) and your handler, and reports what
 //!   happened ([`Deliveries`]: effects, runs, skips, in-flight answers, errors).
 //!
 //! ```
@@ -517,7 +517,7 @@ impl<'a> Redelivery<'a> {
         self.report(effects.load(Ordering::SeqCst), results)
     }
 
-    /// Through the lease guard (the lease-mode [`Guard`](crate::Guard) (async)) with `lease`.
+    /// Through the lease guard (the lease-mode [`Guard`] (async)) with `lease`.
     pub async fn through_lease_guard<S, H, Fut>(
         self,
         store: &S,

@@ -13,7 +13,7 @@ use crate::store::{AsyncStore, Store};
 /// `babelqueue_store_errors_total{store, op}` (feature `metrics`), and otherwise behaves
 /// exactly like the store it wraps: it implements [`Store`], [`AsyncStore`],
 /// [`LeaseStore`] and [`AsyncLeaseStore`] whenever the inner store does, so it goes
-/// wherever the inner store went (`#[idempotent(store = …)]`, [`guard`](crate::guard()),
+/// wherever the inner store went (`#[idempotent(store = …)]`, [`Guard`](crate::Guard),
 /// [`DynStore`](crate::dyn_store::DynStore)).
 ///
 /// `op` is `seen`, `remember` (also for `remember_for`), `forget`, `claim`, `complete` or
