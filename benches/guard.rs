@@ -49,7 +49,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
-use babelqueue::{Envelope, InMemoryStore, Outcome, guard, guard_async, idempotent};
+use babelqueue::{Envelope, Guard, InMemoryStore, Outcome, idempotent};
 use criterion::{BatchSize, Criterion, criterion_group};
 
 // --- allocation counting -----------------------------------------------------------------
@@ -106,7 +106,8 @@ async fn bare_async(env: &Envelope) -> Result<(), std::io::Error> {
 }
 
 async fn hand_async(env: &Envelope) -> Result<(), std::io::Error> {
-    guard_async(&*HAND, env, async { body(env) })
+    Guard::new(&*HAND)
+        .run_async(env, async { body(env) })
         .await
         .map(|_| ())
 }
@@ -121,7 +122,7 @@ fn bare_sync(env: &Envelope) -> Result<(), std::io::Error> {
 }
 
 fn hand_sync(env: &Envelope) -> Result<(), std::io::Error> {
-    guard(&*HAND_SYNC, env, || body(env)).map(|_| ())
+    Guard::new(&*HAND_SYNC).run(env, || body(env)).map(|_| ())
 }
 
 #[idempotent(store = MACRO_SYNC)]
@@ -305,11 +306,15 @@ fn main() {
     // The guard's outcome, checked once so the figures are of the path they claim.
     let env = envelope();
     assert_eq!(
-        now(guard_async(&*HAND, &env, async { body(&env) })).ok(),
+        now(Guard::new(&*HAND).run_async(&env, async { body(&env) }))
+            .ok()
+            .map(Outcome::from),
         Some(Outcome::Ran)
     );
     assert_eq!(
-        now(guard_async(&*HAND, &env, async { body(&env) })).ok(),
+        now(Guard::new(&*HAND).run_async(&env, async { body(&env) }))
+            .ok()
+            .map(Outcome::from),
         Some(Outcome::Skipped)
     );
     benches();

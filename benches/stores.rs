@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::RedisStore;
 use babelqueue::sqlite::SqliteStore;
-use babelqueue::{AsyncStore, BoxError, InMemoryStore, Store, guard_lease_async, guard_ttl_async};
+use babelqueue::{AsyncStore, BoxError, Guard, InMemoryStore, Store};
 
 const RUNS: usize = 5;
 
@@ -425,12 +425,13 @@ async fn redis_round_trips() {
             let sent_before = requests.load(std::sync::atomic::Ordering::SeqCst);
             for id in &messages {
                 let r = if is_lease {
-                    guard_lease_async(&store, id.as_str(), lease, None, async {
-                        Ok::<(), BoxError>(())
-                    })
-                    .await
+                    Guard::new(&store)
+                        .lease(lease)
+                        .run_async(id.as_str(), async { Ok::<(), BoxError>(()) })
+                        .await
                 } else {
-                    guard_ttl_async(&store, id.as_str(), None, async { Ok::<(), BoxError>(()) })
+                    Guard::new(&store)
+                        .run_async(id.as_str(), async { Ok::<(), BoxError>(()) })
                         .await
                 };
                 let out = r.expect("guard");
@@ -562,7 +563,7 @@ fn main() {
 /// (so only the guard is measured): the blocking guard runs a renewal thread beside every
 /// handler, the async guard a renewal future in the same task.
 async fn lease_guard_cost() {
-    use babelqueue::{InFlight, guard_lease};
+    use babelqueue::{Guard, InFlight};
     #[derive(Debug)]
     struct Busy;
     impl From<InFlight> for Busy {
@@ -580,7 +581,9 @@ async fn lease_guard_cost() {
         let started = std::time::Instant::now();
         tokio::task::block_in_place(|| {
             for id in &ids {
-                guard_lease(&store, id.as_str(), lease, None, || Ok::<(), Busy>(()))
+                Guard::new(&store)
+                    .lease(lease)
+                    .run(id.as_str(), || Ok::<(), Busy>(()))
                     .expect("lease guard");
             }
         });
@@ -588,11 +591,11 @@ async fn lease_guard_cost() {
         let store = InMemoryStore::new();
         let started = std::time::Instant::now();
         for id in &ids {
-            guard_lease_async(&store, id.as_str(), lease, None, async {
-                Ok::<(), Busy>(())
-            })
-            .await
-            .expect("lease guard");
+            Guard::new(&store)
+                .lease(lease)
+                .run_async(id.as_str(), async { Ok::<(), Busy>(()) })
+                .await
+                .expect("lease guard");
         }
         asynchronous.push(n as f64 / started.elapsed().as_secs_f64());
     }

@@ -89,11 +89,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut charged = 0;
     for _ in 0..2 {
         // The same envelope twice: a redelivery. The guard charges once.
-        let outcome = guard_async(&store, &env, async {
-            charged += 1;
-            Ok::<(), Infallible>(())
-        })
-        .await?;
+        let outcome = Guard::new(&store)
+            .run_async(&env, async {
+                charged += 1;
+                Ok::<(), Infallible>(())
+            })
+            .await?;
         println!("[rust] {outcome:?} meta.id={}", env.meta.id);
     }
     println!("[rust] custom store: charged {charged} time(s) for 2 deliveries");

@@ -33,7 +33,7 @@ use babelqueue::postgres::{PostgresStore, PostgresStoreError};
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisTransport, processing_list};
 use babelqueue::runtime::{App, Disposition, Report};
-use babelqueue::{Envelope, guard_async};
+use babelqueue::{Envelope, Guard};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -161,7 +161,7 @@ fn consumer_app(
                         })
                         .await
                         .map(drop),
-                    Mode::SeenSet => guard_async(&store, &env, async {
+                    Mode::SeenSet => Guard::new(&store).run_async(&env, async {
                         let client = store.pool().get().await?;
                         client
                             .execute(&sql, &[params.0, params.1, params.2, params.3])

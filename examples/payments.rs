@@ -34,8 +34,8 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, BoxError, Envelope, EnvelopeError, InMemoryStore, dyn_store::DynStore,
-    dyn_store::DynStoreError, guard_lease_async, handler, idempotent, store::IntoHandlerError,
+    AsyncLeaseStore, BoxError, Envelope, EnvelopeError, Guard, InMemoryStore, dyn_store::DynStore,
+    dyn_store::DynStoreError, handler, idempotent, store::IntoHandlerError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -133,14 +133,16 @@ where
     S: AsyncLeaseStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    guard_lease_async(store, &env, lease, None, async {
-        let _: Payment = env.data_as()?;
-        gateway_charge().await?;
-        record_charge(&env)?;
-        Ok::<(), BoxError>(())
-    })
-    .await
-    .map(drop)
+    Guard::new(store)
+        .lease(lease)
+        .run_async(&env, async {
+            let _: Payment = env.data_as()?;
+            gateway_charge().await?;
+            record_charge(&env)?;
+            Ok::<(), BoxError>(())
+        })
+        .await
+        .map(drop)
 }
 
 /// A concrete store, for lease mode (the type-erased [`DynStore`] is seen-set only).

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use babelqueue::{DedupeKey, Envelope, InMemoryStore, Outcome, Store, guard, guard_async};
+use babelqueue::{DedupeKey, Envelope, Guard, InMemoryStore, Outcome, Store};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
@@ -325,7 +325,7 @@ fn sequence_sync(seq: &Value) -> Result<(), Failed> {
         }
         let env = envelope_with_id(&d.meta_id)?;
         let mut ran = false;
-        let result = guard(&store, &env, || {
+        let result = Guard::new(&store).run(&env, || {
             ran = true;
             effects += 1;
             if d.ok { Ok(()) } else { Err(Thrown) }
@@ -363,12 +363,13 @@ fn sequence_async(seq: &Value) -> Result<(), Failed> {
             }
             let env = envelope_with_id(&d.meta_id)?;
             let mut ran = false;
-            let result = guard_async(&store, &env, async {
-                ran = true;
-                effects += 1;
-                if d.ok { Ok(()) } else { Err(Thrown) }
-            })
-            .await;
+            let result = Guard::new(&store)
+                .run_async(&env, async {
+                    ran = true;
+                    effects += 1;
+                    if d.ok { Ok(()) } else { Err(Thrown) }
+                })
+                .await;
             if let Ok(outcome) = &result
                 && (*outcome == Outcome::Skipped) == ran
             {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use babelqueue::lease::{LeaseHealth, LeaseLostCause, current_fencing_token};
 use babelqueue::store_error::{UnavailableKind, find_unavailable};
 use babelqueue::testing::faults::{DeliveryResult, FaultyStore, Redelivery, StoreCall};
-use babelqueue::{BoxError, Envelope, InMemoryStore, Outcome, guard::guard_lease_report_async};
+use babelqueue::{BoxError, Envelope, InMemoryStore, Outcome, guard::Guard};
 
 fn payment() -> Envelope {
     Envelope::new(
@@ -101,21 +101,23 @@ async fn renewals_that_cannot_reach_the_store_lose_the_lease_and_fencing_tells()
     let slow = {
         let (store, fence) = (Arc::clone(&store), Arc::clone(&first_fence));
         tokio::spawn(async move {
-            guard_lease_report_async(&*store, "pay_7f3a", lease, None, async move {
-                fence.store(current_fencing_token().expect("fence"), Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                Ok::<(), BoxError>(())
-            })
-            .await
+            Guard::new(&*store)
+                .lease(lease)
+                .run_async("pay_7f3a", async move {
+                    fence.store(current_fencing_token().expect("fence"), Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<(), BoxError>(())
+                })
+                .await
         })
     };
     // After the lease ended (no renewal reached the store), another delivery takes it.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = guard_lease_report_async(&*store, "pay_7f3a", lease, None, async {
-        Ok::<(), BoxError>(())
-    })
-    .await
-    .expect("second delivery");
+    let second = Guard::new(&*store)
+        .lease(lease)
+        .run_async("pay_7f3a", async { Ok::<(), BoxError>(()) })
+        .await
+        .expect("second delivery");
     let first = slow.await.expect("task").expect("first delivery");
     assert_eq!(first.outcome, Outcome::Ran);
     assert_eq!(

@@ -15,8 +15,7 @@ use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::runtime::{App, InMemoryTransport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, guard_fingerprint,
-    guard_fingerprint_async, store::IntoHandlerError,
+    AsyncStore, BoxError, Envelope, Guard, InMemoryStore, Outcome, store::IntoHandlerError,
 };
 use serde_json::json;
 
@@ -39,13 +38,15 @@ where
     S: AsyncFingerprintStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    let out = guard_fingerprint_async(store, key, fingerprint, None, async {
-        runs.fetch_add(1, Ordering::SeqCst);
-        Ok::<(), BoxError>(())
-    })
-    .await;
+    let out = Guard::new(store)
+        .fingerprint(fingerprint)
+        .run_async(key, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), BoxError>(())
+        })
+        .await;
     match out {
-        Ok(o) => Ok(o),
+        Ok(o) => Ok(o.outcome),
         Err(e) => Err(e
             .downcast_ref::<PayloadMismatch>()
             .cloned()
@@ -125,7 +126,11 @@ async fn memory_store_fingerprints() {
 #[test]
 fn memory_store_fingerprints_blocking_guard() {
     let store = InMemoryStore::new();
-    let run = |amount| guard_fingerprint(&store, "k", fp(amount), None, || Ok::<(), BoxError>(()));
+    let run = |amount| {
+        Guard::new(&store)
+            .fingerprint(fp(amount))
+            .run("k", || Ok::<(), BoxError>(()))
+    };
     assert_eq!(run(1).unwrap(), Outcome::Ran);
     assert_eq!(run(1).unwrap(), Outcome::Skipped);
     assert!(run(2).unwrap_err().is::<PayloadMismatch>());
@@ -322,12 +327,14 @@ async fn the_runtime_dead_letters_a_mismatch_as_failed() {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
                 let key = handler_key(&env, None, &env.data["payment_id"]);
-                guard_fingerprint_async(&*st, key, Fingerprint::of_envelope(&env), None, async {
-                    ch.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), BoxError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .fingerprint(Fingerprint::of_envelope(&env))
+                    .run_async(key, async {
+                        ch.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), BoxError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let first = Envelope::new(CHARGE, json!({"payment_id": "pay_7f3a", "amount": 4200}))

@@ -25,7 +25,7 @@ use babelqueue::redis::{
     delayed_set,
 };
 use babelqueue::runtime::RetryPolicy;
-use babelqueue::{App, Envelope, InFlight, guard_async, guard_lease_async};
+use babelqueue::{App, Envelope, Guard, InFlight};
 use fleet_support::{QueueGuard, RedisServer, raw, shared_url};
 use serde_json::json;
 
@@ -133,9 +133,12 @@ async fn run_child() {
                     Ok::<(), ChargeError>(())
                 };
                 if lease {
-                    guard_lease_async(&store, &env, lease_for, None, work).await?;
+                    Guard::new(&store)
+                        .lease(lease_for)
+                        .run_async(&env, work)
+                        .await?;
                 } else {
-                    guard_async(&store, &env, work).await?;
+                    Guard::new(&store).run_async(&env, work).await?;
                 }
                 Ok::<(), ChargeError>(())
             }
@@ -546,12 +549,13 @@ async fn start_drainer(broker: &str, queue: &str, prefix: &str, handler: Duratio
             let prefix = prefix.clone();
             async move {
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
-                guard_async(&store, &env, async {
-                    tokio::time::sleep(handler).await;
-                    charge(&mut effects, &prefix, &pid).await?;
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(handler).await;
+                        charge(&mut effects, &prefix, &pid).await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 Ok::<(), ChargeError>(())
             }
         });

@@ -26,7 +26,7 @@ use std::pin::pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll, Waker};
 
-use babelqueue::{Envelope, InMemoryStore, guard, guard_async, idempotent};
+use babelqueue::{Envelope, Guard, InMemoryStore, idempotent};
 
 // --- allocation counting, per thread ------------------------------------------------------
 
@@ -93,7 +93,8 @@ fn body(env: &Envelope) -> Result<(), std::io::Error> {
 }
 
 async fn hand_async(env: &Envelope) -> Result<(), std::io::Error> {
-    guard_async(&*HAND_ASYNC, env, async { body(env) })
+    Guard::new(&*HAND_ASYNC)
+        .run_async(env, async { body(env) })
         .await
         .map(|_| ())
 }
@@ -104,7 +105,7 @@ async fn macro_async(env: &Envelope) -> Result<(), std::io::Error> {
 }
 
 fn hand_sync(env: &Envelope) -> Result<(), std::io::Error> {
-    guard(&*HAND_SYNC, env, || body(env)).map(|_| ())
+    Guard::new(&*HAND_SYNC).run(env, || body(env)).map(|_| ())
 }
 
 #[idempotent(store = MACRO_SYNC)]
@@ -122,7 +123,8 @@ async fn hand_keyed(env: &Envelope) -> Result<(), std::io::Error> {
         key.push_str(id);
         key
     });
-    guard_async(&*HAND_KEYED, key, async { body(env) })
+    Guard::new(&*HAND_KEYED)
+        .run_async(key, async { body(env) })
         .await
         .map(|_| ())
 }

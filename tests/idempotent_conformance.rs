@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use babelqueue::{AsyncStore, Envelope, InMemoryStore, Store, guard, guard_async, idempotent};
+use babelqueue::{AsyncStore, Envelope, Guard, InMemoryStore, Store, idempotent};
 use serde_json::Value;
 
 /// One delivery of a sequence.
@@ -167,7 +167,7 @@ fn run_sync_hand_written(seq: &Sequence) -> Observed {
         }
         let env = envelope(d);
         let before = effects;
-        let result = guard(&store, &env, || {
+        let result = Guard::new(&store).run(&env, || {
             effects += 1;
             if env.data["outcome"] == "throw" {
                 Err(Thrown)
@@ -220,16 +220,17 @@ async fn run_async_hand_written(seq: &Sequence) -> Observed {
         }
         let env = envelope(d);
         let before = effects.load(Ordering::SeqCst);
-        let result = guard_async(&store, &env, async {
-            tokio::task::yield_now().await;
-            effects.fetch_add(1, Ordering::SeqCst);
-            if env.data["outcome"] == "throw" {
-                Err(Thrown)
-            } else {
-                Ok(())
-            }
-        })
-        .await;
+        let result = Guard::new(&store)
+            .run_async(&env, async {
+                tokio::task::yield_now().await;
+                effects.fetch_add(1, Ordering::SeqCst);
+                if env.data["outcome"] == "throw" {
+                    Err(Thrown)
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
         let ran = effects.load(Ordering::SeqCst) > before;
         assert_eq!(result.is_err(), d.throws && ran, "{}", seq.name);
         runs.push(ran);

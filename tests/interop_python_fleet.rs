@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisStoreError, RedisTransport};
-use babelqueue::{App, Envelope, guard_async};
+use babelqueue::{App, Envelope, Guard};
 use fleet_support::{QueueGuard, raw, shared_url};
 use serde_json::json;
 
@@ -104,17 +104,18 @@ fn rust_app(
                 d.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
-                guard_async(&store, &env, async {
-                    redis::pipe()
-                        .incr(format!("{fx}:charges:{pid}"), 1)
-                        .ignore()
-                        .sadd(format!("{fx}:charged"), &pid)
-                        .ignore()
-                        .query_async::<()>(&mut effects)
-                        .await?;
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        redis::pipe()
+                            .incr(format!("{fx}:charges:{pid}"), 1)
+                            .ignore()
+                            .sadd(format!("{fx}:charged"), &pid)
+                            .ignore()
+                            .query_async::<()>(&mut effects)
+                            .await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 Ok::<(), ChargeError>(())
             }
         })

@@ -4,10 +4,10 @@
 
 mod idemp_support;
 
+use babelqueue::Guard;
 use babelqueue::namespace::{Namespace, handler_key};
 use babelqueue::redis::redis::AsyncCommands;
 use babelqueue::{AsyncStore, BoxError, Envelope, InMemoryStore, Outcome, store::IntoHandlerError};
-use babelqueue::{guard_async, guard_ttl_async};
 use serde_json::json;
 use std::time::Duration;
 
@@ -21,9 +21,11 @@ where
     S: AsyncStore,
     S::Error: IntoHandlerError<BoxError>,
 {
-    guard_async(store, key, async { Ok::<(), BoxError>(()) })
+    Guard::new(store)
+        .run_async(key, async { Ok::<(), BoxError>(()) })
         .await
         .expect("the store answers")
+        .outcome
 }
 
 /// The story on one store; returns the payment id and the charge envelope it used.
@@ -60,7 +62,8 @@ where
     assert_eq!(run(store, in_shared(&refund)).await, Outcome::Skipped);
 
     // meta.id stays bare: the stored key is the id itself.
-    let out = guard_async(store, &charge, async { Ok::<(), BoxError>(()) })
+    let out = Guard::new(store)
+        .run_async(&charge, async { Ok::<(), BoxError>(()) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Ran);
@@ -156,14 +159,11 @@ async fn a_ttl_applies_to_namespaced_keys_too() {
     let store = InMemoryStore::new();
     let env = Envelope::new(CHARGE, json!({"payment_id": "p"})).unwrap();
     let key = handler_key(&env, None, "p");
-    let out = guard_ttl_async(
-        &store,
-        key.clone(),
-        Some(Duration::from_millis(20)),
-        async { Ok::<(), BoxError>(()) },
-    )
-    .await
-    .unwrap();
+    let out = Guard::new(&store)
+        .ttl(Duration::from_millis(20))
+        .run_async(key.clone(), async { Ok::<(), BoxError>(()) })
+        .await
+        .unwrap();
     assert_eq!(out, Outcome::Ran);
     tokio::time::sleep(Duration::from_millis(40)).await;
     assert_eq!(run(&store, key).await, Outcome::Ran, "expired: runs again");

@@ -17,7 +17,7 @@ use babelqueue::redis::{
     consumers_registry, delayed_set, hash_slot, heartbeat_key, recoveries_hash,
 };
 use babelqueue::runtime::{ListMaintenance, RetryPolicy, Transport};
-use babelqueue::{App, AsyncStore, Envelope, guard_async};
+use babelqueue::{App, AsyncStore, Envelope, Guard};
 use fleet_support::RedisServer;
 use serde_json::json;
 
@@ -148,14 +148,17 @@ async fn produce_consume_retry_recover_and_dedupe_on_a_cluster() {
             .route_async(CHARGE, move |env: Envelope| {
                 let (c, f, s) = (c.clone(), f.clone(), s.clone());
                 async move {
-                    guard_async(&s, &env, async {
-                        if env.data["fail_once"] == true && f.fetch_add(1, Ordering::SeqCst) == 0 {
-                            return Err(ChargeError::Hiccup);
-                        }
-                        c.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    })
-                    .await?;
+                    Guard::new(&s)
+                        .run_async(&env, async {
+                            if env.data["fail_once"] == true
+                                && f.fetch_add(1, Ordering::SeqCst) == 0
+                            {
+                                return Err(ChargeError::Hiccup);
+                            }
+                            c.fetch_add(1, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .await?;
                     Ok::<(), ChargeError>(())
                 }
             });

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisTransport, processing_list};
 use babelqueue::runtime::App;
-use babelqueue::{Envelope, guard_async};
+use babelqueue::{Envelope, Guard};
 
 fn redis_url() -> String {
     std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
@@ -309,13 +309,14 @@ async fn a_python_produced_duplicate_is_charged_once_in_process() {
         .route_async("urn:babel:payments:charge", move |env: Envelope| {
             let (st, ch, se) = (st.clone(), ch.clone(), se.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    ch.fetch_add(1, Ordering::SeqCst);
-                    se.lock().unwrap().push(env.clone());
-                    Ok::<(), StoreDown>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        ch.fetch_add(1, Ordering::SeqCst);
+                        se.lock().unwrap().push(env.clone());
+                        Ok::<(), StoreDown>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let stats = app.drain().await.unwrap();

@@ -14,7 +14,7 @@ use babelqueue::pipelined::PipelinedWrite;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisTransport, keys::queue_keys};
 use babelqueue::runtime::{App, Permanent, Transport};
-use babelqueue::{AsyncStore, Envelope, guard_async};
+use babelqueue::{AsyncStore, Envelope, Guard};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -242,12 +242,13 @@ async fn drain_payments(
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (st.clone(), fx.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    fx.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), ChargeError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        fx.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let mut bodies = Vec::new();
@@ -328,7 +329,9 @@ async fn a_handler_failing_after_its_guard_succeeded_still_remembers_the_id() {
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async { Ok::<(), ChargeError>(()) }).await?;
+                Guard::new(&*st)
+                    .run_async(&env, async { Ok::<(), ChargeError>(()) })
+                    .await?;
                 // The guarded effect happened; what follows fails for good.
                 Err::<(), _>(ChargeError::Declined(Permanent::new("card declined")))
             }
@@ -370,12 +373,13 @@ async fn one_at_a_time(
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (store.clone(), fx.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    fx.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), ChargeError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        fx.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     for i in 0..n {

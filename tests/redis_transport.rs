@@ -12,7 +12,7 @@ use babelqueue::redis::{
     RedisStore, RedisTransport, consumer_processing_list, keys::queue_keys, processing_list,
 };
 use babelqueue::runtime::{App, Republish, Transport, recover_poison};
-use babelqueue::{Envelope, envelope::now_millis, guard_async};
+use babelqueue::{Envelope, Guard, envelope::now_millis};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -176,12 +176,13 @@ async fn a_duplicate_is_skipped_and_acked_with_the_redis_store() {
             .route_async(CHARGE, move |env: Envelope| {
                 let (st, ch) = (st.clone(), ch.clone());
                 async move {
-                    guard_async(&*st, &env, async {
-                        ch.fetch_add(1, Ordering::SeqCst);
-                        Ok::<(), ChargeError>(())
-                    })
-                    .await
-                    .map(drop)
+                    Guard::new(&*st)
+                        .run_async(&env, async {
+                            ch.fetch_add(1, Ordering::SeqCst);
+                            Ok::<(), ChargeError>(())
+                        })
+                        .await
+                        .map(drop)
                 }
             });
     let env = Envelope::new(CHARGE, json!({"payment_id": "pay_7f3a", "amount": 4200}))

@@ -11,7 +11,7 @@ use babelqueue::runtime::{
     App, ConsumerOptions, Delivery, Disposition, InMemoryTransport, ListMaintenance, Permanent,
     Report, Republish, RetryPolicy, Transport, TransportError, recover_poison,
 };
-use babelqueue::{AsyncStore, BoxFuture, DeadLetterReason, Envelope, InMemoryStore, guard_async};
+use babelqueue::{AsyncStore, BoxFuture, DeadLetterReason, Envelope, Guard, InMemoryStore};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -105,16 +105,17 @@ fn charge_app(
         .route_async(CHARGE, move |env: Envelope| {
             let (store, effects) = (store.clone(), effects.clone());
             async move {
-                guard_async(&*store, &env, async {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    let id = env.data["payment_id"].as_str().unwrap().to_owned();
-                    *effects.lock().unwrap().entry(id).or_insert(0) += 1;
-                    Ok::<(), ChargeError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*store)
+                    .run_async(&env, async {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        let id = env.data["payment_id"].as_str().unwrap().to_owned();
+                        *effects.lock().unwrap().entry(id).or_insert(0) += 1;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         })
 }

@@ -9,8 +9,8 @@ use babelqueue::runtime::{
     UnknownUrnStrategy, recover_poison,
 };
 use babelqueue::{
-    AsyncLeaseStore, DeadLetterReason, Envelope, InFlight, InMemoryStore, envelope::now_millis,
-    guard_async, guard_lease_async,
+    AsyncLeaseStore, DeadLetterReason, Envelope, Guard, InFlight, InMemoryStore,
+    envelope::now_millis,
 };
 use serde_json::{Value, json};
 
@@ -69,12 +69,13 @@ async fn a_duplicate_is_skipped_and_acked() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    ch.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), ChargeDeclined>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        ch.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), ChargeDeclined>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let bytes = envelope(
@@ -486,12 +487,14 @@ async fn an_id_in_flight_elsewhere_is_deferred_without_counting_an_attempt() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, r) = (st.clone(), r.clone());
             async move {
-                guard_lease_async(&*st, &env, Duration::from_secs(30), None, async {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), LeasedError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .lease(Duration::from_secs(30))
+                    .run_async(&env, async {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), LeasedError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let env = envelope("q", json!({"payment_id": "pay_1"}));
@@ -608,7 +611,8 @@ async fn the_observer_sees_every_delivery() {
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async { Ok::<(), ChargeDeclined>(()) })
+                Guard::new(&*st)
+                    .run_async(&env, async { Ok::<(), ChargeDeclined>(()) })
                     .await
                     .map(drop)
             }
@@ -708,15 +712,16 @@ async fn each_message_has_a_span_and_events_for_ack_skip_retry_and_dead_letter()
         .route_async(CHARGE, move |env: Envelope| {
             let st = st.clone();
             async move {
-                guard_async(&*st, &env, async {
-                    if env.data.contains_key("fail") {
-                        Err(ChargeDeclined("x".into()))
-                    } else {
-                        Ok(())
-                    }
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        if env.data.contains_key("fail") {
+                            Err(ChargeDeclined("x".into()))
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let ok = envelope("traced", json!({"n": 1}));

@@ -17,7 +17,7 @@ use babelqueue::postgres::PostgresStore;
 use babelqueue::postgres::tokio_postgres::{self, NoTls};
 use babelqueue::redis::RedisStore;
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats};
-use babelqueue::{AsyncStore, BoxError, Envelope, guard_async, store::IntoHandlerError};
+use babelqueue::{AsyncStore, BoxError, Envelope, Guard, store::IntoHandlerError};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -86,14 +86,15 @@ where
         .route_async(CHARGE, move |env: Envelope| {
             let (store, effects) = (store.clone(), effects.clone());
             async move {
-                guard_async(&*store, &env, async {
-                    tokio::time::sleep(gateway).await;
-                    let id = env.data["payment_id"].as_str().unwrap().to_owned();
-                    *effects.lock().unwrap().entry(id).or_insert(0) += 1;
-                    Ok::<(), BoxError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(gateway).await;
+                        let id = env.data["payment_id"].as_str().unwrap().to_owned();
+                        *effects.lock().unwrap().entry(id).or_insert(0) += 1;
+                        Ok::<(), BoxError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         })
 }

@@ -14,7 +14,7 @@ use babelqueue::runtime::{
     App, ConsumerOptions, Delivery, InMemoryTransport, Permanent, Republish, Transport,
     TransportError,
 };
-use babelqueue::{AsyncStore, Envelope, InMemoryStore, guard_async};
+use babelqueue::{AsyncStore, Envelope, Guard, InMemoryStore};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -190,11 +190,12 @@ fn app(t: Arc<Piped>, store: Store, effects: Arc<AtomicUsize>, fail_after: bool)
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (store.clone(), effects.clone());
             async move {
-                guard_async(&st, &env, async {
-                    fx.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&st)
+                    .run_async(&env, async {
+                        fx.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 if fail_after {
                     return Err(ChargeError::Declined(Permanent::new("declined")));
                 }
@@ -276,7 +277,8 @@ async fn a_handler_that_fails_after_its_guard_has_the_id_written_before_the_dead
 async fn a_guard_called_by_hand_remembers_itself() {
     let store = Store::default();
     let env = Envelope::new(CHARGE, json!({})).unwrap();
-    guard_async(&store, &env, async { Ok::<(), ChargeError>(()) })
+    Guard::new(&store)
+        .run_async(&env, async { Ok::<(), ChargeError>(()) })
         .await
         .unwrap();
     assert_eq!(store.own_remembers.load(Ordering::SeqCst), 1);

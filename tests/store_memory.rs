@@ -41,10 +41,7 @@ async fn renewed_lease_holds_under_paused_time() {
     use std::time::Duration;
 
     use babelqueue::lease::current_fencing_token;
-    use babelqueue::{
-        BoxError, InFlight, Outcome, guard::guard_lease_report_async, lease::Claim,
-        lease::LeaseHealth,
-    };
+    use babelqueue::{BoxError, InFlight, Outcome, guard::Guard, lease::Claim, lease::LeaseHealth};
 
     let store = Arc::new(InMemoryStore::new());
     let effects = Arc::new(AtomicUsize::new(0));
@@ -54,19 +51,15 @@ async fn renewed_lease_holds_under_paused_time() {
             tokio::spawn(async move {
                 loop {
                     let effects = Arc::clone(&effects);
-                    let r = guard_lease_report_async(
-                        &*store,
-                        "pay_7f3a",
-                        Duration::from_millis(300),
-                        None,
-                        async move {
+                    let r = Guard::new(&*store)
+                        .lease(Duration::from_millis(300))
+                        .run_async("pay_7f3a", async move {
                             effects.fetch_add(1, Ordering::SeqCst);
                             assert!(current_fencing_token().is_some());
                             tokio::time::sleep(Duration::from_secs(2)).await;
                             Ok::<(), BoxError>(())
-                        },
-                    )
-                    .await;
+                        })
+                        .await;
                     match r {
                         Ok(r) => return r,
                         Err(e) if e.downcast_ref::<InFlight>().is_some() => {

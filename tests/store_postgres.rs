@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use babelqueue::postgres::tokio_postgres::{self, NoTls};
 use babelqueue::postgres::{PostgresStore, PostgresStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{AsyncLeaseStore, AsyncStore, BoxError, Outcome, guard_lease_async, lease::Claim};
+use babelqueue::{AsyncLeaseStore, AsyncStore, BoxError, Guard, Outcome, lease::Claim};
 
 const NEEDS_PG: &str = "PostgreSQL must be reachable at BABELQUEUE_POSTGRES_URL \
                         (default postgres://postgres@127.0.0.1:5432/test)";
@@ -347,18 +347,15 @@ async fn rows_written_the_go_way_are_seen_and_go_sees_rust_rows() -> Result<(), 
     // Rust-remembered and Rust-completed ids: Go's seen query sees them, its claim loses.
     store.remember("rust-remembered").await?;
     let mut ran = false;
-    let out = guard_lease_async(
-        &store,
-        "rust-completed",
-        Duration::from_secs(30),
-        None,
-        async {
+    let out = Guard::new(&store)
+        .lease(Duration::from_secs(30))
+        .run_async("rust-completed", async {
             ran = true;
             Ok::<(), BoxError>(())
-        },
-    )
-    .await
-    .map_err(|e| e.to_string());
+        })
+        .await
+        .map(Outcome::from)
+        .map_err(|e| e.to_string());
     assert_eq!((out, ran), (Ok(Outcome::Ran), true));
     for id in ["rust-remembered", "rust-completed"] {
         assert!(go_sees(&c, &t.0, id).await, "{id}: Go's seen query");
@@ -525,11 +522,13 @@ async fn an_unusable_id_is_refused_before_any_io_and_nothing_runs() {
             "{err:?}"
         );
         let mut ran = false;
-        let out = guard_lease_async(&store, bad, Duration::from_secs(5), None, async {
-            ran = true;
-            Ok::<(), BoxError>(())
-        })
-        .await;
+        let out = Guard::new(&store)
+            .lease(Duration::from_secs(5))
+            .run_async(bad, async {
+                ran = true;
+                Ok::<(), BoxError>(())
+            })
+            .await;
         let err = out.expect_err("refused");
         assert!(!ran);
         assert!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisStoreError};
 use babelqueue::testing::{StoreFactory, StoreSpec};
-use babelqueue::{AsyncLeaseStore, AsyncStore, InFlight, Outcome, guard_lease_async, lease::Claim};
+use babelqueue::{AsyncLeaseStore, AsyncStore, Guard, InFlight, Outcome, lease::Claim};
 
 fn url() -> String {
     std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
@@ -163,12 +163,15 @@ async fn a_key_written_the_go_way_is_seen_and_never_claimed() -> Result<(), Redi
         "lease mode treats it as completed"
     );
     let mut ran = false;
-    let out = guard_lease_async(&store, id.as_str(), Duration::from_secs(30), None, async {
-        ran = true;
-        Ok::<(), babelqueue::BoxError>(())
-    })
-    .await
-    .map_err(|e| e.to_string());
+    let out = Guard::new(&store)
+        .lease(Duration::from_secs(30))
+        .run_async(id.as_str(), async {
+            ran = true;
+            Ok::<(), babelqueue::BoxError>(())
+        })
+        .await
+        .map(Outcome::from)
+        .map_err(|e| e.to_string());
     assert_eq!(out, Ok(Outcome::Skipped));
     assert!(!ran, "a Go-remembered id must not run");
     store.forget(&id).await?;
@@ -279,11 +282,13 @@ async fn in_flight_is_a_typed_error_and_the_holder_is_not_disturbed() -> Result<
         }
     }
     let mut ran = false;
-    let out = guard_lease_async(&store, "busy", Duration::from_secs(30), None, async {
-        ran = true;
-        Ok::<(), HandlerError>(())
-    })
-    .await;
+    let out = Guard::new(&store)
+        .lease(Duration::from_secs(30))
+        .run_async("busy", async {
+            ran = true;
+            Ok::<(), HandlerError>(())
+        })
+        .await;
     assert!(!ran, "an in-flight id must not run");
     match out {
         Err(HandlerError::Busy(InFlight { id })) => assert_eq!(id, "busy"),

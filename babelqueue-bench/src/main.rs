@@ -29,8 +29,7 @@ use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::App;
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
-    AsyncLeaseStore, AsyncStore, BoxError, Envelope, InMemoryStore, guard_async, guard_lease_async,
-    store::IntoHandlerError,
+    AsyncLeaseStore, AsyncStore, BoxError, Envelope, Guard, InMemoryStore, store::IntoHandlerError,
 };
 use clap::{Parser, ValueEnum};
 use rand::SeedableRng;
@@ -260,12 +259,12 @@ where
                     Ok::<(), BoxError>(())
                 };
                 match mode {
-                    Mode::Seen => guard_async(&*store, &env, charge).await.map(drop),
-                    Mode::Lease => {
-                        guard_lease_async(&*store, &env, Duration::from_secs(30), None, charge)
-                            .await
-                            .map(drop)
-                    }
+                    Mode::Seen => Guard::new(&*store).run_async(&env, charge).await.map(drop),
+                    Mode::Lease => Guard::new(&*store)
+                        .lease(Duration::from_secs(30))
+                        .run_async(&env, charge)
+                        .await
+                        .map(drop),
                 }
             }
         })

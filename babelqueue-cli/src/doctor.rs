@@ -1,45 +1,14 @@
 //! `babelqueue doctor <store-url>`: checks a live store against the cross-SDK layout.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::CliError;
+use crate::report::Report;
 
 /// How many leftover leases / expired ids are listed by name.
 const LISTED: i64 = 20;
 
-/// Findings, in order: `ok`, `note` (worth knowing) and `problem` (the layout is not
-/// the shared one: other SDKs, or this one, will misbehave).
-#[derive(Default)]
-pub(crate) struct Report {
-    lines: Vec<(&'static str, String)>,
-    problems: usize,
-}
-
-impl Report {
-    pub(crate) fn ok(&mut self, text: impl Into<String>) {
-        self.lines.push(("ok     ", text.into()));
-    }
-    pub(crate) fn note(&mut self, text: impl Into<String>) {
-        self.lines.push(("note   ", text.into()));
-    }
-    pub(crate) fn problem(&mut self, text: impl Into<String>) {
-        self.problems += 1;
-        self.lines.push(("PROBLEM", text.into()));
-    }
-    pub(crate) fn problems(&self) -> usize {
-        self.problems
-    }
-    pub(crate) fn text(&self) -> String {
-        let mut s = String::new();
-        for (kind, line) in &self.lines {
-            let _ = writeln!(s, "{kind} {line}");
-        }
-        let _ = writeln!(s, "{} problem(s)", self.problems);
-        s
-    }
-}
-
+/// Checks the store at `url` and reports what it found.
 pub(crate) async fn run(
     url: &str,
     table: &str,

@@ -15,6 +15,7 @@
 mod doctor;
 mod envelope;
 mod redis_cmds;
+mod report;
 
 use std::process::ExitCode;
 

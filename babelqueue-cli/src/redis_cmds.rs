@@ -458,7 +458,7 @@ pub(crate) async fn doctor(
     url: &str,
     prefix: &str,
     sample: usize,
-    report: &mut crate::doctor::Report,
+    report: &mut crate::report::Report,
 ) -> Result<(), CliError> {
     let mut conn = connect(url).await?;
     report.ok(format!("Redis at {} answers", redacted(url)));

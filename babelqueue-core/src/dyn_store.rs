@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::handler::{BoxError, BoxFuture};
+use crate::outcome::{BoxError, BoxFuture};
 use crate::store::AsyncStore;
 
 /// The error of a [`DynStore`]: the backend's error, boxed.

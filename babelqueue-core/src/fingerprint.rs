@@ -2,8 +2,8 @@
 //!
 //! The seen-set skips every delivery whose key it has seen. With a custom key (say a
 //! `payment_id`), a bug that reuses the key for a *different* payload (another amount)
-//! would be skipped silently. A fingerprinting guard ([`guard_fingerprint`],
-//! [`guard_fingerprint_async`], `#[idempotent(fingerprint)]`) stores a digest of the
+//! would be skipped silently. A fingerprinting guard ([`Guard::fingerprint`](crate::Guard::fingerprint),
+//! `#[idempotent(fingerprint)]`) stores a digest of the
 //! payload with the key, and a later delivery of the same key:
 //!
 //! * with the same payload → skipped, as usual;
@@ -26,8 +26,8 @@
 //! collisions between payloads of one key a real possibility over billions of keys.
 //!
 //! ```
-//! use babelqueue_core::fingerprint::{guard_fingerprint, Fingerprint, PayloadMismatch};
-//! use babelqueue_core::{Envelope, InMemoryStore, Outcome};
+//! use babelqueue_core::fingerprint::{Fingerprint, PayloadMismatch};
+//! use babelqueue_core::{Envelope, Guard, InMemoryStore, Outcome};
 //!
 //! #[derive(Debug)]
 //! enum Error { Replay(PayloadMismatch) }
@@ -37,7 +37,9 @@
 //! let first = Envelope::new("urn:babel:payments:charge", serde_json::json!({"payment_id": "pay_7f3a", "amount": 4200}))?;
 //! let bad = Envelope::new("urn:babel:payments:charge", serde_json::json!({"payment_id": "pay_7f3a", "amount": 9900}))?;
 //! let run = |env: &Envelope| {
-//!     guard_fingerprint(&store, "pay_7f3a", Fingerprint::of_envelope(env), None, || Ok::<(), Error>(()))
+//!     Guard::new(&store)
+//!         .fingerprint(Fingerprint::of_envelope(env))
+//!         .run("pay_7f3a", || Ok::<(), Error>(()))
 //! };
 //! assert_eq!(run(&first).unwrap(), Outcome::Ran);
 //! assert_eq!(run(&first).unwrap(), Outcome::Skipped);
@@ -58,9 +60,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::envelope::Envelope;
-use crate::guard::{HandlerResult, Outcome};
-use crate::key::DedupeKey;
-use crate::store::{AsyncStore, IntoHandlerError, Store};
+use crate::store::{AsyncStore, Store};
 
 /// The text prefix of a stored fingerprint: `sha256:<hex>`.
 pub const PREFIX: &str = "sha256:";
@@ -307,101 +307,6 @@ pub fn check(key: &str, lookup: Lookup, received: &Fingerprint) -> Result<bool, 
             received: *received,
         }),
     }
-}
-
-/// The seen-set guard ([`guard_ttl`](crate::guard_ttl)) with a payload fingerprint: a
-/// seen key whose stored fingerprint differs from `fingerprint` returns
-/// [`PayloadMismatch`] (converted into the handler's error) instead of skipping. On
-/// success the key is remembered with `fingerprint`. See the [module docs](self).
-pub fn guard_fingerprint<S, K, F, R>(
-    store: &S,
-    key: K,
-    fingerprint: Fingerprint,
-    ttl: Option<Duration>,
-    handler: F,
-) -> Result<Outcome, R::Error>
-where
-    S: FingerprintStore + ?Sized,
-    K: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<PayloadMismatch>,
-{
-    let Some(key) = key.dedupe_key() else {
-        handler().into_result()?;
-        return Ok(crate::guard::done(Outcome::RanWithoutKey));
-    };
-    let _turn = crate::inflight::turn_blocking(&key);
-    let found = crate::inflight::store_before_sync(&key, || store.lookup(&key))
-        .map_err(IntoHandlerError::into_handler_error)?;
-    if check(&key, found, &fingerprint)? {
-        return Ok(crate::guard::skipped(&key));
-    }
-    crate::inflight::handler_runs();
-    handler().into_result()?;
-    if let Err(err) = store.remember_fingerprint(&key, &fingerprint, ttl) {
-        crate::guard::remember_failed(&key, &err);
-    }
-    Ok(crate::guard::done(Outcome::Ran))
-}
-
-/// The name the `#[idempotent]` expansion of earlier releases calls; use
-/// [`guard_fingerprint_async`].
-#[doc(hidden)]
-pub use guard_fingerprint_async as guard_async_fingerprint;
-
-/// The async counterpart of [`guard_fingerprint`].
-///
-/// ```
-/// use babelqueue_core::fingerprint::{guard_fingerprint_async, Fingerprint, PayloadMismatch};
-/// use babelqueue_core::{InMemoryStore, Outcome};
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let store = InMemoryStore::new();
-/// let fp = |amount: u32| Fingerprint::of_data(&serde_json::json!({"amount": amount}));
-/// let ok = async { Ok::<(), PayloadMismatch>(()) };
-/// assert_eq!(guard_fingerprint_async(&store, "k", fp(1), None, ok).await, Ok(Outcome::Ran));
-/// let ok = async { Ok::<(), PayloadMismatch>(()) };
-/// let err = guard_fingerprint_async(&store, "k", fp(2), None, ok).await.unwrap_err();
-/// assert!(err.to_string().contains("differs from the first delivery"));
-/// # });
-/// ```
-pub async fn guard_fingerprint_async<S, K, Fut, R>(
-    store: &S,
-    key: K,
-    fingerprint: Fingerprint,
-    ttl: Option<Duration>,
-    handler: Fut,
-) -> Result<Outcome, R::Error>
-where
-    S: AsyncFingerprintStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<PayloadMismatch>,
-{
-    let Some(key) = key.dedupe_key() else {
-        handler.await.into_result()?;
-        return Ok(crate::guard::done(Outcome::RanWithoutKey));
-    };
-    // The same runtime hooks as the plain guard: the per-key turn, the typed
-    // store-unavailable marker, the handler phase.
-    let _turn = crate::inflight::consumer_turn(&key).await;
-    let found = crate::inflight::store_before(&key, store.lookup(&key))
-        .await
-        .map_err(IntoHandlerError::into_handler_error)?;
-    if check(&key, found, &fingerprint)? {
-        return Ok(crate::guard::skipped(&key));
-    }
-    crate::inflight::handler_runs();
-    handler.await.into_result()?;
-    if let Err(err) =
-        crate::inflight::store_after(store.remember_fingerprint(&key, &fingerprint, ttl)).await
-    {
-        crate::guard::remember_failed(&key, &err);
-    }
-    Ok(crate::guard::done(Outcome::Ran))
 }
 
 #[cfg(test)]

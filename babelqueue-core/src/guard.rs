@@ -1,9 +1,15 @@
-//! The idempotency guard: the function form `#[idempotent]` expands to.
+//! The idempotency guard: [`Guard`], what `#[idempotent]` expands to.
 //!
-//! The contract every BabelQueue SDK's guard follows, for a key `k` (by default the envelope's `meta.id`):
+//! One type holds the store and the options (a TTL for the remembered key, lease mode with
+//! its length, a payload fingerprint, a transaction) and runs a blocking closure
+//! ([`run`](Guard::run)) or an async future ([`run_async`](Guard::run_async)); every mode
+//! returns a [`Guarded`] report.
+//!
+//! The contract every BabelQueue SDK's guard follows, for a key `k` (by default the
+//! envelope's `meta.id`):
 //!
 //! 1. no usable key (absent or empty) → run the handler, remember nothing (**fail open**);
-//! 2. `seen(k)` → skip: do not call the handler, return `Ok(Outcome::Skipped)` so the
+//! 2. `seen(k)` → skip: do not call the handler, return [`Outcome::Skipped`] so the
 //!    runtime acks;
 //! 3. otherwise run the handler; only on success `remember(k)`; an error leaves `k`
 //!    unmarked so retry and dead-letter still apply;
@@ -13,332 +19,705 @@
 //!    window).
 //!
 //! ```
-//! use babelqueue_core::{guard, Envelope, InMemoryStore, Outcome};
+//! use babelqueue_core::{Envelope, Guard, InMemoryStore, Outcome};
 //!
 //! let store = InMemoryStore::new();
 //! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
 //! let mut charges = 0;
-//! let first = guard(&store, &env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
-//! let second = guard(&store, &env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
+//! let guard = Guard::new(&store);
+//! let first = guard.run(&env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
+//! let second = guard.run(&env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
 //! assert_eq!((first, second, charges), (Outcome::Ran, Outcome::Skipped, 1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::cell::Cell;
-use std::convert::Infallible;
 use std::future::Future;
+use std::pin::pin;
 use std::time::Duration;
 
+use crate::fingerprint::{
+    self, AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
+};
 use crate::inflight;
 use crate::key::DedupeKey;
 use crate::lease::{
     self, AsyncLeaseStore, Claim, InFlight, LeaseHealth, LeaseLostCause, LeaseStore, LeaseToken,
-    LeasedOutcome,
 };
+use crate::outcome::{done, remember_failed, skipped};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
+use crate::txn::{AsyncTransactionalStore, TransactionalStore};
 
-/// What the guard did with one delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// The handler ran and succeeded; its key is now remembered (or a `remember` failure
-    /// was logged).
-    Ran,
-    /// The delivery had no usable key: the handler ran and succeeded, nothing was
-    /// remembered (fail open).
-    RanWithoutKey,
-    /// The key was already seen: the handler did not run. Ack the message.
-    Skipped,
-}
+pub use crate::outcome::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
-impl Outcome {
-    /// Whether the handler was invoked.
-    pub fn ran(self) -> bool {
-        !matches!(self, Outcome::Skipped)
-    }
-}
-
-/// What a guarded handler may return: `()` (cannot fail) or `Result<(), E>`.
+/// The idempotency guard over the store `S`, in the mode `M`: [`Dedupe`] (the seen set,
+/// the default), [`Leased`] (claim the key before running), [`Fingerprinted`] (refuse a
+/// duplicate whose payload differs) or [`Transactional`] (run the handler in one database
+/// transaction with the key's row).
 ///
-/// A skipped duplicate has no result to replay, so there is no `Result<T, E>` for other
-/// `T`.
-pub trait HandlerResult {
-    /// The handler's error type (`Infallible` for `()`).
-    type Error;
-    /// The result as a `Result`.
-    fn into_result(self) -> Result<(), Self::Error>;
+/// Built with [`Guard::new`] and the options [`ttl`](Guard::ttl),
+/// [`lease`](Guard::lease), [`fingerprint`](Guard::fingerprint) and
+/// [`transaction`](Guard::transaction); it is `Copy`, so one value can guard many calls.
+/// Each mode's [`run`](Guard::run) takes a blocking closure and its
+/// [`run_async`](Guard::run_async) a future (only polled if the handler must run); both
+/// return [`Guarded`]: the [`Outcome`], and in lease mode the claim's fencing token and
+/// whether the lease held.
+///
+/// The store's error must convert into the handler's error
+/// (`S::Error: IntoHandlerError<R::Error>`); with a store that cannot fail, such as
+/// [`InMemoryStore`](crate::InMemoryStore), a handler returning `()` works too.
+///
+/// ```
+/// use std::time::Duration;
+/// use babelqueue_core::{Guard, InMemoryStore, Outcome};
+///
+/// let store = InMemoryStore::new();
+/// let guard = Guard::new(&store).ttl(Duration::from_secs(3600));
+/// assert_eq!(guard.run("id-A", || ())?, Outcome::Ran);
+/// assert_eq!(guard.run("id-A", || ())?, Outcome::Skipped);
+/// # Ok::<(), std::convert::Infallible>(())
+/// ```
+pub struct Guard<'s, S: ?Sized, M = Dedupe> {
+    store: &'s S,
+    ttl: Option<Duration>,
+    mode: M,
 }
 
-impl HandlerResult for () {
-    type Error = Infallible;
-    fn into_result(self) -> Result<(), Infallible> {
-        Ok(())
+impl<S: ?Sized, M: Clone> Clone for Guard<'_, S, M> {
+    fn clone(&self) -> Self {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: self.mode.clone(),
+        }
     }
 }
 
-impl<E> HandlerResult for Result<(), E> {
-    type Error = E;
-    fn into_result(self) -> Result<(), E> {
+impl<S: ?Sized, M: Copy> Copy for Guard<'_, S, M> {}
+
+impl<S: ?Sized, M: std::fmt::Debug> std::fmt::Debug for Guard<'_, S, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("store", &std::any::type_name::<S>())
+            .field("ttl", &self.ttl)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// The seen-set mode of a [`Guard`] (the default): skip a key already remembered,
+/// remember it after the handler succeeds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dedupe;
+
+/// Lease mode (see [`crate::lease`]): the key is claimed for the lease's length before the
+/// handler runs and renewed beside it, so two workers never run it at the same moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Leased {
+    length: Duration,
+}
+
+/// Fingerprint mode (see [`crate::fingerprint`]): a duplicate whose payload fingerprint
+/// differs from the first delivery's is refused with [`PayloadMismatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct Fingerprinted {
+    fingerprint: Fingerprint,
+}
+
+/// Transaction mode (see [`crate::txn`]): the handler receives the store's transaction,
+/// committed with the key's row. `P` is `()`, or the [`Fingerprint`] stored and checked
+/// with the row.
+#[derive(Debug, Clone, Copy)]
+pub struct Transactional<P = ()> {
+    fingerprint: P,
+}
+
+impl<'s, S: ?Sized> Guard<'s, S> {
+    /// The seen-set guard over `store`, with the store's default TTL.
+    #[inline]
+    pub const fn new(store: &'s S) -> Self {
+        Guard {
+            store,
+            ttl: None,
+            mode: Dedupe,
+        }
+    }
+
+    /// Lease mode: claims the key for `length` before running the handler, renews the
+    /// claim every third of `length` beside it, and marks the key completed when the
+    /// handler succeeds. An id in flight elsewhere returns [`InFlight`] converted into the
+    /// handler's error (so that error type must implement `From<InFlight>`): do not ack,
+    /// retry later. The store must implement [`LeaseStore`] / [`AsyncLeaseStore`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use babelqueue_core::lease::LeaseHealth;
+    /// use babelqueue_core::{Guard, InFlight, InMemoryStore, Outcome};
+    ///
+    /// #[derive(Debug)]
+    /// struct Busy;
+    /// impl From<InFlight> for Busy { fn from(_: InFlight) -> Self { Busy } }
+    ///
+    /// let store = InMemoryStore::new();
+    /// let guard = Guard::new(&store).lease(Duration::from_secs(30));
+    /// let r = guard.run("id-A", || Ok::<(), Busy>(())).unwrap();
+    /// assert_eq!((r.outcome, r.lease), (Outcome::Ran, LeaseHealth::Held));
+    /// assert!(r.fencing_token.is_some());
+    /// assert_eq!(guard.run("id-A", || Ok::<(), Busy>(())).unwrap(), Outcome::Skipped);
+    /// ```
+    #[inline]
+    pub const fn lease(self, length: Duration) -> Guard<'s, S, Leased> {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: Leased { length },
+        }
+    }
+
+    /// Fingerprint mode: a seen key whose stored fingerprint differs from `fingerprint`
+    /// returns [`PayloadMismatch`] (converted into the handler's error) instead of
+    /// skipping; on success the key is remembered with `fingerprint`. The store must
+    /// implement [`FingerprintStore`] / [`AsyncFingerprintStore`].
+    ///
+    /// ```
+    /// use babelqueue_core::fingerprint::{Fingerprint, PayloadMismatch};
+    /// use babelqueue_core::{Guard, InMemoryStore, Outcome};
+    ///
+    /// let store = InMemoryStore::new();
+    /// let fp = |amount: u32| Fingerprint::of_data(&serde_json::json!({"amount": amount}));
+    /// let ok = || Ok::<(), PayloadMismatch>(());
+    /// assert_eq!(Guard::new(&store).fingerprint(fp(1)).run("k", ok)?, Outcome::Ran);
+    /// assert_eq!(Guard::new(&store).fingerprint(fp(1)).run("k", ok)?, Outcome::Skipped);
+    /// let err = Guard::new(&store).fingerprint(fp(2)).run("k", ok).unwrap_err();
+    /// assert!(err.to_string().contains("differs from the first delivery"));
+    /// # Ok::<(), PayloadMismatch>(())
+    /// ```
+    #[inline]
+    pub const fn fingerprint(self, fingerprint: Fingerprint) -> Guard<'s, S, Fingerprinted> {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: Fingerprinted { fingerprint },
+        }
+    }
+
+    /// Transaction mode: the handler receives the store's open transaction, committed
+    /// together with the key's row (see [`crate::txn`]). The store must implement
+    /// [`TransactionalStore`] (SQLite) / [`AsyncTransactionalStore`] (PostgreSQL).
+    #[inline]
+    pub const fn transaction(self) -> Guard<'s, S, Transactional> {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: Transactional { fingerprint: () },
+        }
+    }
+}
+
+impl<'s, S: ?Sized> Guard<'s, S, Fingerprinted> {
+    /// Transaction mode storing and checking the fingerprint with the key's row.
+    #[inline]
+    pub const fn transaction(self) -> Guard<'s, S, Transactional<Fingerprint>> {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: Transactional {
+                fingerprint: self.mode.fingerprint,
+            },
+        }
+    }
+}
+
+impl<'s, S: ?Sized> Guard<'s, S, Transactional> {
+    /// Stores `fingerprint` with the key's row and refuses a duplicate whose payload
+    /// differs (see [`Guard::fingerprint`]).
+    #[inline]
+    pub const fn fingerprint(
+        self,
+        fingerprint: Fingerprint,
+    ) -> Guard<'s, S, Transactional<Fingerprint>> {
+        Guard {
+            store: self.store,
+            ttl: self.ttl,
+            mode: Transactional { fingerprint },
+        }
+    }
+}
+
+impl<S: ?Sized, M> Guard<'_, S, M> {
+    /// How long the store keeps the key once the handler succeeded (`None`, the default:
+    /// the store's own retention). Takes a `Duration` or an `Option<Duration>`.
+    #[inline]
+    #[must_use]
+    pub fn ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = ttl.into();
         self
     }
-}
 
-tokio::task_local! {
-    static CURRENT: Cell<Option<Outcome>>;
-}
-
-thread_local! {
-    static CURRENT_SYNC: Cell<Option<(u64, Outcome)>> = const { Cell::new(None) };
-    static CAPTURE_DEPTH: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Whether a sync handler capture ([`capture_outcome_sync`]) is active on this thread.
-#[inline]
-pub(crate) fn capturing_sync() -> bool {
-    CAPTURE_DEPTH.with(Cell::get) > 0
-}
-
-fn record(outcome: Outcome) {
-    if CURRENT.try_with(|c| c.set(Some(outcome))).is_err() {
-        let depth = CAPTURE_DEPTH.with(Cell::get);
-        if depth > 0 {
-            CURRENT_SYNC.with(|c| c.set(Some((depth, outcome))));
-        }
+    /// The store this guard asks.
+    #[inline]
+    pub fn store(&self) -> &S {
+        self.store
     }
 }
 
-/// Runs `fut` and returns what the (last) guard inside it decided, if any guard ran.
-///
-/// This is how a runtime learns that a handler's `Ok(())` was a skipped duplicate:
-/// the guard records its [`Outcome`] in a task-local slot.
-///
-/// ```
-/// use babelqueue_core::{guard::capture_outcome, guard_async, InMemoryStore, Outcome};
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let store = InMemoryStore::new();
-/// let handler = || async {
-///     guard_async(&store, "id-A", async { Ok::<(), std::io::Error>(()) }).await.map(|_| ())
-/// };
-/// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Ran));
-/// assert_eq!(capture_outcome(handler()).await.1, Some(Outcome::Skipped));
-/// # });
-/// ```
-#[doc(hidden)]
-pub async fn capture_outcome<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
-    CURRENT
-        .scope(Cell::new(None), async move {
-            let out = fut.await;
-            (out, CURRENT.with(Cell::get))
-        })
-        .await
+/// What a [`Guard`] did with one delivery: its [`Outcome`], and in lease mode the claim's
+/// fencing token and whether the lease held. Compares equal to its [`Outcome`]
+/// (`guard.run(..)? == Outcome::Ran`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guarded {
+    /// What the guard did with the delivery.
+    pub outcome: Outcome,
+    /// The fencing token of the claim the handler ran under (`None`: no claim; always
+    /// `None` outside lease mode).
+    pub fencing_token: Option<u64>,
+    /// Whether the lease held ([`LeaseHealth::NotClaimed`] outside lease mode, for a
+    /// delivery without a key, and for a skipped duplicate).
+    pub lease: LeaseHealth,
 }
 
-/// The blocking counterpart of [`capture_outcome`], for sync handlers.
-///
-/// ```
-/// use babelqueue_core::{guard::capture_outcome_sync, guard, InMemoryStore, Outcome};
-/// let store = InMemoryStore::new();
-/// let run = || guard(&store, "id-A", || ()).map(|_| ());
-/// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Ran));
-/// assert_eq!(capture_outcome_sync(run).1, Some(Outcome::Skipped));
-/// ```
-#[doc(hidden)]
-pub fn capture_outcome_sync<T>(f: impl FnOnce() -> T) -> (T, Option<Outcome>) {
-    let depth = CAPTURE_DEPTH.with(|d| {
-        d.set(d.get() + 1);
-        d.get()
-    });
-    let out = f();
-    CAPTURE_DEPTH.with(|d| d.set(depth - 1));
-    let got = CURRENT_SYNC.with(|c| match c.get() {
-        Some((d, o)) if d == depth => {
-            c.set(None);
-            Some(o)
+impl Guarded {
+    /// A report with no claim: what every mode but lease mode returns.
+    #[inline]
+    pub const fn unclaimed(outcome: Outcome) -> Self {
+        Guarded {
+            outcome,
+            fencing_token: None,
+            lease: LeaseHealth::NotClaimed,
         }
-        _ => None,
-    });
-    (out, got)
+    }
+
+    /// Whether the handler was invoked.
+    #[inline]
+    pub fn ran(&self) -> bool {
+        self.outcome.ran()
+    }
 }
 
-pub(crate) fn skipped(key: &str) -> Outcome {
-    tracing::debug!(key, "duplicate skipped: already processed");
-    record(Outcome::Skipped);
-    Outcome::Skipped
+impl PartialEq<Outcome> for Guarded {
+    fn eq(&self, other: &Outcome) -> bool {
+        self.outcome == *other
+    }
 }
 
-pub(crate) fn remember_failed(key: &str, err: &dyn std::error::Error) {
-    tracing::warn!(
-        key,
-        error = %err,
-        "handler succeeded but remembering the key failed; a redelivery may run it again"
-    );
+impl From<Guarded> for Outcome {
+    fn from(g: Guarded) -> Outcome {
+        g.outcome
+    }
 }
 
-pub(crate) fn done(outcome: Outcome) -> Outcome {
-    record(outcome);
-    outcome
-}
+// --- seen-set mode ---------------------------------------------------------------------
 
-/// Guards a blocking handler with a blocking [`Store`], keyed on `key` (pass `&envelope`
-/// to key on `meta.id`). See the [module docs](self) for the contract.
-///
-/// The store's error must convert into the handler's error (`S::Error: IntoHandlerError<R::Error>`);
-/// with an infallible store such as [`InMemoryStore`](crate::InMemoryStore) a handler
-/// returning `()` works too.
-pub fn guard<S, K, F, R>(store: &S, key: K, handler: F) -> Result<Outcome, R::Error>
-where
-    S: Store + ?Sized,
-    K: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    guard_ttl(store, key, None, handler)
-}
-
-/// [`guard`] with a TTL for the remembered key (`None`: the store's default).
-pub fn guard_ttl<S, K, F, R>(
-    store: &S,
-    key: K,
-    ttl: Option<Duration>,
-    handler: F,
-) -> Result<Outcome, R::Error>
-where
-    S: Store + ?Sized,
-    K: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    let Some(key) = key.dedupe_key() else {
-        handler().into_result()?;
-        return Ok(done(Outcome::RanWithoutKey));
-    };
-    let _turn = inflight::turn_blocking(&key);
-    if inflight::store_before_sync(&key, || store.seen(&key))
-        .map_err(IntoHandlerError::into_handler_error)?
+impl<S: Store + ?Sized> Guard<'_, S, Dedupe> {
+    /// Guards a blocking handler, keyed on `key` (pass `&envelope` to key on `meta.id`).
+    /// See the [module docs](self) for the contract.
+    pub fn run<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce() -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
     {
-        return Ok(skipped(&key));
+        let (store, ttl) = (self.store, self.ttl);
+        let Some(key) = key.dedupe_key() else {
+            handler().into_result()?;
+            return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
+        };
+        let _turn = inflight::turn_blocking(&key);
+        if inflight::store_before_sync(&key, || store.seen(&key))
+            .map_err(IntoHandlerError::into_handler_error)?
+        {
+            return Ok(Guarded::unclaimed(skipped(&key)));
+        }
+        inflight::handler_runs();
+        handler().into_result()?;
+        if let Err(err) = store.remember_for(&key, ttl) {
+            remember_failed(&key, &err);
+        }
+        Ok(Guarded::unclaimed(done(Outcome::Ran)))
     }
-    inflight::handler_runs();
-    handler().into_result()?;
-    if let Err(err) = store.remember_for(&key, ttl) {
-        remember_failed(&key, &err);
-    }
-    Ok(done(Outcome::Ran))
 }
 
-/// Guards an async handler (pass its future, which is only polled if it must run) with
-/// an [`AsyncStore`]. See the [module docs](self) for the contract.
-///
-/// Returns a future that does nothing until polled (the key is read and the store asked
-/// on the first poll), may be dropped at any point (the handler's future with it), and is
-/// `Send` when the store, the key and the handler's future are.
-///
-/// ```
-/// use babelqueue_core::{guard_async, Envelope, InMemoryStore, Outcome};
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let store = InMemoryStore::new();
-/// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?;
-/// let out = guard_async(&store, &env, async { Ok::<(), std::io::Error>(()) }).await?;
-/// assert_eq!(out, Outcome::Ran);
-/// let out = guard_async(&store, &env, async { Ok::<(), std::io::Error>(()) }).await?;
-/// assert_eq!(out, Outcome::Skipped);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
-pub fn guard_async<S, K, Fut, R>(
-    store: &S,
-    key: K,
-    handler: Fut,
-) -> impl Future<Output = Result<Outcome, R::Error>>
-where
-    S: AsyncStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    guard_ttl_async(store, key, None, handler)
-}
-
-/// The name the `#[idempotent]` expansion of earlier releases calls; use
-/// [`guard_ttl_async`].
-#[doc(hidden)]
-pub use guard_ttl_async as guard_async_ttl;
-
-/// [`guard_async`] with a TTL for the remembered key (`None`: the store's default).
-pub fn guard_ttl_async<S, K, Fut, R>(
-    store: &S,
-    key: K,
-    ttl: Option<Duration>,
-    handler: Fut,
-) -> impl Future<Output = Result<Outcome, R::Error>>
-where
-    S: AsyncStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    // A plain `fn` returning an `async` block, not an `async fn`, and written so that
-    // nothing is copied again once the future runs (see `benches/guard.rs`): an `async fn`
-    // moves each argument from the future into a local of its body, and `handler.await`
-    // moves the handler's future once more; such a copy, a 16-byte load right after the
-    // narrower stores that wrote the value, stalls the CPU (store-to-load forwarding
-    // fails) and cost a duplicate ~20 ns more than the sync guard. So the handler's future
-    // is polled where it was captured, the key is read through a reference to the
-    // `dedupe_key` answer, and a store's answer is awaited before `key` is passed with it.
-    let mut handler = handler;
-    async move {
-        // SAFETY: `handler` is a variable this future captured, so it stays where it is
-        // while the future is pinned (which it is from its first poll, when this runs)
-        // and is dropped there. It is shadowed at once: nothing can move it afterwards.
-        // (`pin!(handler)` would be the same, after moving it into a new local.)
-        let mut handler = unsafe { std::pin::Pin::new_unchecked(&mut handler) };
-        let answer = key.dedupe_key();
-        let Some(key) = &answer else {
-            handler.as_mut().await.into_result()?;
-            return Ok(done(Outcome::RanWithoutKey));
-        };
-        // Outside a runtime delivery (no turn, no probe), the store is called directly,
-        // with no task-local lookup per step.
-        let delivery = inflight::delivery();
-        let runtime = delivery.of_runtime();
-        let turn = if runtime {
-            Some(inflight::turn_async(key).await)
-        } else {
-            None
-        };
-        let seen = if runtime {
-            inflight::store_before(key, store.seen(key)).await
-        } else {
-            let answer = store.seen(key).await;
-            delivery.store_answer(key, answer)
-        };
-        if seen.map_err(IntoHandlerError::into_handler_error)? {
-            return Ok(skipped(key));
-        }
-        if runtime {
-            inflight::handler_runs();
-        }
-        handler.as_mut().await.into_result()?;
-        let remembered = if runtime {
-            // With the store on the transport's server: the `remember` is sent with the
-            // ack, in one round trip (the turn on the key is held until then).
-            let _turn = match inflight::defer_remember(turn, |server| {
-                store.pipelined_remember(key, ttl, server)
-            }) {
-                Ok(()) => return Ok(done(Outcome::Ran)),
-                Err(turn) => turn,
+impl<S: AsyncStore + ?Sized> Guard<'_, S, Dedupe> {
+    /// Guards an async handler (pass its future, which is only polled if it must run).
+    /// See the [module docs](self) for the contract.
+    ///
+    /// Returns a future that does nothing until polled (the key is read and the store
+    /// asked on the first poll), may be dropped at any point (the handler's future with
+    /// it), and is `Send` when the store, the key and the handler's future are.
+    ///
+    /// ```
+    /// use babelqueue_core::{Envelope, Guard, InMemoryStore, Outcome};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let store = InMemoryStore::new();
+    /// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?;
+    /// let out = Guard::new(&store).run_async(&env, async { Ok::<(), std::io::Error>(()) }).await?;
+    /// assert_eq!(out, Outcome::Ran);
+    /// let out = Guard::new(&store).run_async(&env, async { Ok::<(), std::io::Error>(()) }).await?;
+    /// assert_eq!(out, Outcome::Skipped);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn run_async<K, Fut, R>(
+        self,
+        key: K,
+        handler: Fut,
+    ) -> impl Future<Output = Result<Guarded, R::Error>>
+    where
+        K: DedupeKey,
+        Fut: Future<Output = R>,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+    {
+        let (store, ttl) = (self.store, self.ttl);
+        // A plain `fn` returning an `async` block, not an `async fn`: the key is read
+        // through a reference to the `dedupe_key` answer, and a store's answer is awaited
+        // before `key` is passed with it. The handler's future is pinned (moved into the
+        // block's own frame) only once it is known to run: a duplicate never touches it.
+        async move {
+            let answer = key.dedupe_key();
+            let Some(key) = &answer else {
+                pin!(handler).await.into_result()?;
+                return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
             };
-            inflight::store_after(store.remember_for(key, ttl)).await
-        } else {
-            store.remember_for(key, ttl).await
-        };
-        if let Err(err) = remembered {
-            remember_failed(key, &err);
+            // Outside a runtime delivery (no turn, no probe), the store is called
+            // directly, with no task-local lookup per step.
+            let delivery = inflight::delivery();
+            let runtime = delivery.of_runtime();
+            let turn = if runtime {
+                Some(inflight::turn_async(key).await)
+            } else {
+                None
+            };
+            let seen = if runtime {
+                inflight::store_before(key, store.seen(key)).await
+            } else {
+                let answer = store.seen(key).await;
+                delivery.store_answer(key, answer)
+            };
+            if seen.map_err(IntoHandlerError::into_handler_error)? {
+                return Ok(Guarded::unclaimed(skipped(key)));
+            }
+            if runtime {
+                inflight::handler_runs();
+            }
+            pin!(handler).await.into_result()?;
+            let remembered = if runtime {
+                // With the store on the transport's server: the `remember` is sent with
+                // the ack, in one round trip (the turn on the key is held until then).
+                let _turn = match inflight::defer_remember(turn, |server| {
+                    store.pipelined_remember(key, ttl, server)
+                }) {
+                    Ok(()) => return Ok(Guarded::unclaimed(done(Outcome::Ran))),
+                    Err(turn) => turn,
+                };
+                inflight::store_after(store.remember_for(key, ttl)).await
+            } else {
+                store.remember_for(key, ttl).await
+            };
+            if let Err(err) = remembered {
+                remember_failed(key, &err);
+            }
+            Ok(Guarded::unclaimed(done(Outcome::Ran)))
         }
-        Ok(done(Outcome::Ran))
+    }
+}
+
+// --- lease mode ------------------------------------------------------------------------
+
+impl<S: LeaseStore + Sync + ?Sized> Guard<'_, S, Leased> {
+    /// Guards a blocking handler in lease mode (see [`Guard::lease`]): the claim is
+    /// renewed from a thread beside the handler. A lost lease is logged
+    /// (`tracing::warn!` with the id) and reported in [`Guarded::lease`]. The handler
+    /// reads its fencing token with
+    /// [`current_fencing_token`](crate::lease::current_fencing_token).
+    pub fn run<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce() -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<InFlight>,
+    {
+        let (store, ttl, length) = (self.store, self.ttl, self.mode.length);
+        let Some(key) = key.dedupe_key() else {
+            handler().into_result()?;
+            return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
+        };
+        let _turn = inflight::turn_blocking(&key);
+        let token = match inflight::store_before_sync(&key, || store.claim(&key, length))
+            .map_err(IntoHandlerError::into_handler_error)?
+        {
+            Claim::Completed => return Ok(Guarded::unclaimed(skipped(&key))),
+            Claim::InFlight => {
+                inflight::in_flight_elsewhere(&key);
+                return Err(InFlight {
+                    id: key.into_owned(),
+                }
+                .into());
+            }
+            Claim::Acquired(token) => token,
+        };
+        inflight::handler_runs();
+        let (result, lost) = lease::run_renewing_sync(store, &key, &token, length, handler);
+        match result {
+            Ok(()) => {
+                let completed = store.complete(&key, &token, ttl);
+                let lost = settle_lease(&key, completed, lost, || store.remember_for(&key, ttl));
+                Ok(leased(done(Outcome::Ran), &token, lost))
+            }
+            Err(e) => {
+                if let Err(err) = store.release(&key, &token) {
+                    release_failed(&key, &err);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<S: AsyncLeaseStore + ?Sized> Guard<'_, S, Leased> {
+    /// Guards an async handler in lease mode (see [`Guard::lease`]): the lease is renewed
+    /// beside the handler, in the same task.
+    pub async fn run_async<K, Fut, R>(self, key: K, handler: Fut) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        Fut: Future<Output = R>,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<InFlight>,
+    {
+        self.run_async_with(key, handler, R::Error::from).await
+    }
+
+    /// [`run_async`](Self::run_async) with the conversion of [`InFlight`] into the
+    /// handler's error given as a value (`in_flight`) instead of the bound
+    /// `R::Error: From<InFlight>`. What the `#[idempotent(lease = ...)]` expansion of an
+    /// `async fn` calls: it passes a closure that names `From<InFlight>` at the user's
+    /// return type, so an error type without it is reported there, once, and not again
+    /// at the guard's `impl Future`.
+    #[doc(hidden)]
+    pub async fn run_async_with<K, Fut, R, C>(
+        self,
+        key: K,
+        handler: Fut,
+        in_flight: C,
+    ) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        Fut: Future<Output = R>,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        C: FnOnce(InFlight) -> R::Error,
+    {
+        let (store, ttl, length) = (self.store, self.ttl, self.mode.length);
+        let Some(key) = key.dedupe_key() else {
+            handler.await.into_result()?;
+            return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
+        };
+        let _turn = inflight::consumer_turn(&key).await;
+        let token = match inflight::store_before(&key, store.claim(&key, length))
+            .await
+            .map_err(IntoHandlerError::into_handler_error)?
+        {
+            Claim::Completed => return Ok(Guarded::unclaimed(skipped(&key))),
+            Claim::InFlight => {
+                inflight::in_flight_elsewhere(&key);
+                return Err(in_flight(InFlight {
+                    id: key.into_owned(),
+                }));
+            }
+            Claim::Acquired(token) => token,
+        };
+        inflight::handler_runs();
+        let (result, lost) = lease::run_renewing_async(store, &key, &token, length, handler).await;
+        match result {
+            Ok(()) => {
+                let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
+                let fallback = match &completed {
+                    Ok(false) => Some(store.remember_for(&key, ttl).await),
+                    _ => None,
+                };
+                let lost =
+                    settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
+                Ok(leased(done(Outcome::Ran), &token, lost))
+            }
+            Err(e) => {
+                if let Err(err) = store.release(&key, &token).await {
+                    release_failed(&key, &err);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn leased(outcome: Outcome, token: &LeaseToken, lost: Option<LeaseLostCause>) -> Guarded {
+    Guarded {
+        outcome,
+        fencing_token: token.fence(),
+        lease: lost.map_or(LeaseHealth::Held, LeaseHealth::Lost),
+    }
+}
+
+// --- fingerprint mode ------------------------------------------------------------------
+
+impl<S: FingerprintStore + ?Sized> Guard<'_, S, Fingerprinted> {
+    /// Guards a blocking handler in fingerprint mode (see [`Guard::fingerprint`]).
+    pub fn run<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce() -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<PayloadMismatch>,
+    {
+        let (store, ttl, fp) = (self.store, self.ttl, &self.mode.fingerprint);
+        let Some(key) = key.dedupe_key() else {
+            handler().into_result()?;
+            return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
+        };
+        let _turn = inflight::turn_blocking(&key);
+        let found = inflight::store_before_sync(&key, || store.lookup(&key))
+            .map_err(IntoHandlerError::into_handler_error)?;
+        if fingerprint::check(&key, found, fp)? {
+            return Ok(Guarded::unclaimed(skipped(&key)));
+        }
+        inflight::handler_runs();
+        handler().into_result()?;
+        if let Err(err) = store.remember_fingerprint(&key, fp, ttl) {
+            remember_failed(&key, &err);
+        }
+        Ok(Guarded::unclaimed(done(Outcome::Ran)))
+    }
+}
+
+impl<S: AsyncFingerprintStore + ?Sized> Guard<'_, S, Fingerprinted> {
+    /// Guards an async handler in fingerprint mode (see [`Guard::fingerprint`]).
+    pub async fn run_async<K, Fut, R>(self, key: K, handler: Fut) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        Fut: Future<Output = R>,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<PayloadMismatch>,
+    {
+        let (store, ttl, fp) = (self.store, self.ttl, self.mode.fingerprint);
+        let Some(key) = key.dedupe_key() else {
+            handler.await.into_result()?;
+            return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
+        };
+        // The same runtime hooks as the seen-set mode: the per-key turn, the typed
+        // store-unavailable marker, the handler phase.
+        let _turn = inflight::consumer_turn(&key).await;
+        let found = inflight::store_before(&key, store.lookup(&key))
+            .await
+            .map_err(IntoHandlerError::into_handler_error)?;
+        if fingerprint::check(&key, found, &fp)? {
+            return Ok(Guarded::unclaimed(skipped(&key)));
+        }
+        inflight::handler_runs();
+        handler.await.into_result()?;
+        if let Err(err) = inflight::store_after(store.remember_fingerprint(&key, &fp, ttl)).await {
+            remember_failed(&key, &err);
+        }
+        Ok(Guarded::unclaimed(done(Outcome::Ran)))
+    }
+}
+
+// --- transaction mode ------------------------------------------------------------------
+
+/// The transactional store's answer as the guard's: with no fingerprint given there is
+/// no mismatch to report.
+fn without_mismatch<E>(answer: Result<Result<Outcome, PayloadMismatch>, E>) -> Result<Guarded, E> {
+    match answer? {
+        Ok(outcome) => Ok(Guarded::unclaimed(outcome)),
+        // The store compares fingerprints only when one is given, and none was.
+        Err(_) => Ok(Guarded::unclaimed(Outcome::Skipped)),
+    }
+}
+
+fn with_mismatch<E: From<PayloadMismatch>>(
+    answer: Result<Result<Outcome, PayloadMismatch>, E>,
+) -> Result<Guarded, E> {
+    match answer? {
+        Ok(outcome) => Ok(Guarded::unclaimed(outcome)),
+        Err(mismatch) => Err(mismatch.into()),
+    }
+}
+
+impl<S: TransactionalStore + ?Sized> Guard<'_, S, Transactional> {
+    /// Runs the blocking `handler` in a transaction with the row of `key` (see
+    /// [`Guard::transaction`]); `handler` receives the transaction.
+    pub fn run<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce(&S::Tx<'_>) -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+    {
+        let key = key.dedupe_key();
+        without_mismatch(
+            self.store
+                .transaction_guard(key.as_deref(), self.ttl, None, handler),
+        )
+    }
+}
+
+impl<S: TransactionalStore + ?Sized> Guard<'_, S, Transactional<Fingerprint>> {
+    /// [`Guard::run`] of transaction mode, storing and checking the fingerprint.
+    pub fn run<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce(&S::Tx<'_>) -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<PayloadMismatch>,
+    {
+        let key = key.dedupe_key();
+        let fp = Some(self.mode.fingerprint);
+        with_mismatch(
+            self.store
+                .transaction_guard(key.as_deref(), self.ttl, fp, handler),
+        )
+    }
+}
+
+impl<S: AsyncTransactionalStore + ?Sized> Guard<'_, S, Transactional> {
+    /// Runs the async closure `handler` in a transaction with the row of `key` (see
+    /// [`Guard::transaction`]); `handler` receives the transaction.
+    pub async fn run_async<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: AsyncFnOnce(&S::Tx<'_>) -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+    {
+        let key = key.dedupe_key();
+        let answer = self
+            .store
+            .transaction_guard(key.as_deref(), self.ttl, None, handler)
+            .await;
+        without_mismatch(answer)
+    }
+}
+
+impl<S: AsyncTransactionalStore + ?Sized> Guard<'_, S, Transactional<Fingerprint>> {
+    /// [`Guard::run_async`] of transaction mode, storing and checking the fingerprint.
+    pub async fn run_async<K, F, R>(self, key: K, handler: F) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: AsyncFnOnce(&S::Tx<'_>) -> R,
+        R: HandlerResult,
+        S::Error: IntoHandlerError<R::Error>,
+        R::Error: From<PayloadMismatch>,
+    {
+        let key = key.dedupe_key();
+        let fp = Some(self.mode.fingerprint);
+        let answer = self
+            .store
+            .transaction_guard(key.as_deref(), self.ttl, fp, handler)
+            .await;
+        with_mismatch(answer)
     }
 }
 
@@ -348,237 +727,6 @@ fn release_failed(key: &str, err: &dyn std::error::Error) {
         error = %err,
         "handler failed and releasing its claim failed; the id stays blocked until the lease ends"
     );
-}
-
-/// Guards a blocking handler in **lease mode** (see [`crate::lease`]): claims the key
-/// for `lease` before running, renews the claim every third of `lease` from a thread
-/// beside the handler, so two workers never run it at the same moment, and marks it
-/// completed when the handler succeeds.
-///
-/// An id in flight elsewhere returns [`InFlight`] converted into the handler's error
-/// (so the handler's error type must implement `From<InFlight>`): do not ack, retry
-/// later. A lost lease is logged (`tracing::warn!` with the id);
-/// [`guard_lease_report`] returns it typed. The handler reads its fencing token with
-/// [`current_fencing_token`](crate::lease::current_fencing_token).
-///
-/// ```
-/// use std::time::Duration;
-/// use babelqueue_core::{guard_lease, InFlight, InMemoryStore, Outcome};
-///
-/// #[derive(Debug)]
-/// enum Error { Busy(InFlight) }
-/// impl From<InFlight> for Error { fn from(e: InFlight) -> Self { Error::Busy(e) } }
-///
-/// let store = InMemoryStore::new();
-/// let out = guard_lease(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Error>(()));
-/// assert_eq!(out.unwrap(), Outcome::Ran);
-/// let out = guard_lease(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Error>(()));
-/// assert_eq!(out.unwrap(), Outcome::Skipped);
-/// ```
-pub fn guard_lease<S, K, F, R>(
-    store: &S,
-    key: K,
-    lease: Duration,
-    ttl: Option<Duration>,
-    handler: F,
-) -> Result<Outcome, R::Error>
-where
-    S: LeaseStore + Sync + ?Sized,
-    K: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<InFlight>,
-{
-    guard_lease_report(store, key, lease, ttl, handler).map(|r| r.outcome)
-}
-
-/// [`guard_lease`] returning the typed [`LeasedOutcome`]: the outcome, the claim's
-/// fencing token, and whether the lease held ([`LeaseHealth`]).
-///
-/// ```
-/// use std::time::Duration;
-/// use babelqueue_core::guard::guard_lease_report;
-/// use babelqueue_core::lease::LeaseHealth;
-/// use babelqueue_core::{InFlight, InMemoryStore, Outcome};
-///
-/// #[derive(Debug)]
-/// struct Busy;
-/// impl From<InFlight> for Busy { fn from(_: InFlight) -> Self { Busy } }
-///
-/// let store = InMemoryStore::new();
-/// let r = guard_lease_report(&store, "id-A", Duration::from_secs(30), None, || Ok::<(), Busy>(()))
-///     .unwrap();
-/// assert_eq!((r.outcome, r.lease), (Outcome::Ran, LeaseHealth::Held));
-/// assert!(r.fencing_token.is_some());
-/// ```
-pub fn guard_lease_report<S, K, F, R>(
-    store: &S,
-    key: K,
-    lease: Duration,
-    ttl: Option<Duration>,
-    handler: F,
-) -> Result<LeasedOutcome, R::Error>
-where
-    S: LeaseStore + Sync + ?Sized,
-    K: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<InFlight>,
-{
-    let Some(key) = key.dedupe_key() else {
-        handler().into_result()?;
-        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
-    };
-    let _turn = inflight::turn_blocking(&key);
-    let token = match inflight::store_before_sync(&key, || store.claim(&key, lease))
-        .map_err(IntoHandlerError::into_handler_error)?
-    {
-        Claim::Completed => return Ok(unclaimed(skipped(&key))),
-        Claim::InFlight => {
-            inflight::in_flight_elsewhere(&key);
-            return Err(InFlight {
-                id: key.into_owned(),
-            }
-            .into());
-        }
-        Claim::Acquired(token) => token,
-    };
-    inflight::handler_runs();
-    let (result, lost) = lease::run_renewing_sync(store, &key, &token, lease, handler);
-    match result {
-        Ok(()) => {
-            let completed = store.complete(&key, &token, ttl);
-            let lost = settle_lease(&key, completed, lost, || store.remember_for(&key, ttl));
-            Ok(leased(done(Outcome::Ran), &token, lost))
-        }
-        Err(e) => {
-            if let Err(err) = store.release(&key, &token) {
-                release_failed(&key, &err);
-            }
-            Err(e)
-        }
-    }
-}
-
-/// The async counterpart of [`guard_lease`], for an [`AsyncLeaseStore`]: the lease is
-/// renewed beside the handler, in the same task.
-pub async fn guard_lease_async<S, K, Fut, R>(
-    store: &S,
-    key: K,
-    lease: Duration,
-    ttl: Option<Duration>,
-    handler: Fut,
-) -> Result<Outcome, R::Error>
-where
-    S: AsyncLeaseStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<InFlight>,
-{
-    guard_lease_report_async(store, key, lease, ttl, handler)
-        .await
-        .map(|r| r.outcome)
-}
-
-/// [`guard_lease_async`] returning the typed [`LeasedOutcome`] (see
-/// [`guard_lease_report`]).
-pub async fn guard_lease_report_async<S, K, Fut, R>(
-    store: &S,
-    key: K,
-    lease: Duration,
-    ttl: Option<Duration>,
-    handler: Fut,
-) -> Result<LeasedOutcome, R::Error>
-where
-    S: AsyncLeaseStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    R::Error: From<InFlight>,
-{
-    guard_lease_report_async_with(store, key, lease, ttl, handler, R::Error::from).await
-}
-
-/// [`guard_lease_report_async`] with the conversion of [`InFlight`] into the handler's
-/// error given as a value (`in_flight`) instead of the bound `R::Error: From<InFlight>`.
-/// What the `#[idempotent(lease = ...)]` expansion of an `async fn` calls: it passes a
-/// closure that names `From<InFlight>` at the user's return type, so an error type
-/// without it is reported there, once, and not again at the guard's `impl Future`.
-#[doc(hidden)]
-pub async fn guard_lease_report_async_with<S, K, Fut, R, C>(
-    store: &S,
-    key: K,
-    lease: Duration,
-    ttl: Option<Duration>,
-    handler: Fut,
-    in_flight: C,
-) -> Result<LeasedOutcome, R::Error>
-where
-    S: AsyncLeaseStore + ?Sized,
-    K: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-    C: FnOnce(InFlight) -> R::Error,
-{
-    let Some(key) = key.dedupe_key() else {
-        handler.await.into_result()?;
-        return Ok(unclaimed(done(Outcome::RanWithoutKey)));
-    };
-    let _turn = inflight::consumer_turn(&key).await;
-    let token = match inflight::store_before(&key, store.claim(&key, lease))
-        .await
-        .map_err(IntoHandlerError::into_handler_error)?
-    {
-        Claim::Completed => return Ok(unclaimed(skipped(&key))),
-        Claim::InFlight => {
-            inflight::in_flight_elsewhere(&key);
-            return Err(in_flight(InFlight {
-                id: key.into_owned(),
-            }));
-        }
-        Claim::Acquired(token) => token,
-    };
-    inflight::handler_runs();
-    let (result, lost) = lease::run_renewing_async(store, &key, &token, lease, handler).await;
-    match result {
-        Ok(()) => {
-            let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
-            let fallback = match &completed {
-                Ok(false) => Some(store.remember_for(&key, ttl).await),
-                _ => None,
-            };
-            let lost = settle_lease(&key, completed, lost, || fallback.unwrap_or_else(|| Ok(())));
-            Ok(leased(done(Outcome::Ran), &token, lost))
-        }
-        Err(e) => {
-            if let Err(err) = store.release(&key, &token).await {
-                release_failed(&key, &err);
-            }
-            Err(e)
-        }
-    }
-}
-
-fn unclaimed(outcome: Outcome) -> LeasedOutcome {
-    LeasedOutcome {
-        outcome,
-        fencing_token: None,
-        lease: LeaseHealth::NotClaimed,
-    }
-}
-
-fn leased(outcome: Outcome, token: &LeaseToken, lost: Option<LeaseLostCause>) -> LeasedOutcome {
-    LeasedOutcome {
-        outcome,
-        fencing_token: token.fence(),
-        lease: lost.map_or(LeaseHealth::Held, LeaseHealth::Lost),
-    }
 }
 
 /// After a successful handler: logs what `complete` answered and, when the lease was lost
@@ -737,26 +885,23 @@ mod tests {
         let store = TestStore::default();
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let (out, recorded) = capture_outcome(guard_async(
-            &store,
-            "id-A",
-            handler(&runs, &dropped, Ok(())),
-        ))
-        .await;
-        assert_eq!((out.unwrap(), recorded), (Outcome::Ran, Some(Outcome::Ran)));
+        let (out, recorded) =
+            capture_outcome(Guard::new(&store).run_async("id-A", handler(&runs, &dropped, Ok(()))))
+                .await;
+        assert_eq!(
+            (out.unwrap().outcome, recorded),
+            (Outcome::Ran, Some(Outcome::Ran))
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 1);
         assert!(store.has("id-A"));
 
         let dropped = Arc::new(AtomicBool::new(false));
-        let (out, recorded) = capture_outcome(guard_async(
-            &store,
-            "id-A",
-            handler(&runs, &dropped, Ok(())),
-        ))
-        .await;
+        let (out, recorded) =
+            capture_outcome(Guard::new(&store).run_async("id-A", handler(&runs, &dropped, Ok(()))))
+                .await;
         assert_eq!(
-            (out.unwrap(), recorded),
+            (out.unwrap().outcome, recorded),
             (Outcome::Skipped, Some(Outcome::Skipped))
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1, "a duplicate does not run");
@@ -771,21 +916,27 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         for key in ["", ""] {
-            let (out, recorded) =
-                capture_outcome(guard_async(&store, key, handler(&runs, &dropped, Ok(())))).await;
+            let (out, recorded) = capture_outcome(
+                Guard::new(&store).run_async(key, handler(&runs, &dropped, Ok(()))),
+            )
+            .await;
             assert_eq!(
-                (out.unwrap(), recorded),
+                (out.unwrap().outcome, recorded),
                 (Outcome::RanWithoutKey, Some(Outcome::RanWithoutKey))
             );
         }
         // A `None` key too.
-        let out = guard_async(&store, None::<&str>, handler(&runs, &dropped, Ok(()))).await;
-        assert_eq!(out.unwrap(), Outcome::RanWithoutKey);
+        let out = Guard::new(&store)
+            .run_async(None::<&str>, handler(&runs, &dropped, Ok(())))
+            .await;
+        assert_eq!(out.unwrap().outcome, Outcome::RanWithoutKey);
         assert_eq!(runs.load(Ordering::SeqCst), 3);
         assert_eq!(store.seen_calls.load(Ordering::SeqCst), 0);
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         // A failing handler without a key: its error is returned.
-        let out = guard_async(&store, "", handler(&runs, &dropped, Err(down()))).await;
+        let out = Guard::new(&store)
+            .run_async("", handler(&runs, &dropped, Err(down())))
+            .await;
         assert_eq!(out.unwrap_err().to_string(), "store down");
     }
 
@@ -795,20 +946,20 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         let failed = std::io::Error::other("charge declined");
-        let (out, recorded) = capture_outcome(guard_async(
-            &store,
-            "id-B",
-            handler(&runs, &dropped, Err(failed)),
-        ))
+        let (out, recorded) = capture_outcome(
+            Guard::new(&store).run_async("id-B", handler(&runs, &dropped, Err(failed))),
+        )
         .await;
         assert_eq!(out.unwrap_err().to_string(), "charge declined");
         assert_eq!(recorded, None, "a failed handler records no outcome");
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         assert!(!store.has("id-B"));
         // The retry runs.
-        let out = guard_async(&store, "id-B", handler(&runs, &dropped, Ok(()))).await;
+        let out = Guard::new(&store)
+            .run_async("id-B", handler(&runs, &dropped, Ok(())))
+            .await;
         assert_eq!(
-            (out.unwrap(), runs.load(Ordering::SeqCst)),
+            (out.unwrap().outcome, runs.load(Ordering::SeqCst)),
             (Outcome::Ran, 2)
         );
     }
@@ -821,14 +972,16 @@ mod tests {
         };
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let out = guard_async(&store, "id-C", handler(&runs, &dropped, Ok(()))).await;
+        let out = Guard::new(&store)
+            .run_async("id-C", handler(&runs, &dropped, Ok(())))
+            .await;
         assert_eq!(out.unwrap_err().to_string(), "store down");
         assert_eq!(runs.load(Ordering::SeqCst), 0);
         // Inside the runtime, the typed marker is set too.
         let probe = Arc::new(StoreProbe::default());
         let out = with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-C", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-C", handler(&runs, &dropped, Ok(()))),
         )
         .await;
         assert!(out.is_err());
@@ -845,14 +998,11 @@ mod tests {
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
         for _ in 0..2 {
-            let out = guard_ttl_async(
-                &store,
-                "id-D",
-                Some(Duration::from_secs(60)),
-                handler(&runs, &dropped, Ok(())),
-            )
-            .await;
-            assert_eq!(out.unwrap(), Outcome::Ran);
+            let out = Guard::new(&store)
+                .ttl(Duration::from_secs(60))
+                .run_async("id-D", handler(&runs, &dropped, Ok(())))
+                .await;
+            assert_eq!(out.unwrap().outcome, Outcome::Ran);
         }
         // Not remembered: the redelivery ran again (the known at-least-once window).
         assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -864,7 +1014,7 @@ mod tests {
         let store = TestStore::default();
         let runs = AtomicUsize::new(0);
         let dropped = Arc::new(AtomicBool::new(false));
-        let fut = guard_async(&store, "id-E", handler(&runs, &dropped, Ok(())));
+        let fut = Guard::new(&store).run_async("id-E", handler(&runs, &dropped, Ok(())));
         drop(fut);
         assert_eq!(store.seen_calls.load(Ordering::SeqCst), 0);
         assert!(dropped.load(Ordering::SeqCst));
@@ -872,11 +1022,8 @@ mod tests {
         // Dropped while waiting on `seen` (its first poll answered `Pending`).
         let dropped = Arc::new(AtomicBool::new(false));
         {
-            let mut fut = pin!(guard_async(
-                &store,
-                "id-E",
-                handler(&runs, &dropped, Ok(()))
-            ));
+            let mut fut =
+                pin!(Guard::new(&store).run_async("id-E", handler(&runs, &dropped, Ok(()))));
             assert!(poll_once(fut.as_mut()).is_pending());
             assert_eq!(store.seen_calls.load(Ordering::SeqCst), 1);
         }
@@ -887,7 +1034,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = DropFlag(Arc::clone(&dropped));
         {
-            let mut fut = pin!(guard_async(&store, "id-E", async move {
+            let mut fut = pin!(Guard::new(&store).run_async("id-E", async move {
                 let _flag = flag;
                 std::future::pending::<Result<(), std::io::Error>>().await
             }));
@@ -905,13 +1052,10 @@ mod tests {
         let runs = AtomicUsize::new(0);
         for outcome in [Outcome::Ran, Outcome::Skipped] {
             let dropped = Arc::new(AtomicBool::new(false));
-            let mut fut = pin!(guard_async(
-                &store,
-                "id-F",
-                handler(&runs, &dropped, Ok(()))
-            ));
+            let mut fut =
+                pin!(Guard::new(&store).run_async("id-F", handler(&runs, &dropped, Ok(()))));
             match poll_once(fut.as_mut()) {
-                Poll::Ready(out) => assert_eq!(out.unwrap(), outcome),
+                Poll::Ready(out) => assert_eq!(out.unwrap().outcome, outcome),
                 Poll::Pending => panic!("the in-memory store never waits"),
             }
             assert!(dropped.load(Ordering::SeqCst), "{outcome:?}");
@@ -925,7 +1069,7 @@ mod tests {
         let (release, wait) = tokio::sync::oneshot::channel::<()>();
         let first = with_probe(
             Arc::new(StoreProbe::default()),
-            guard_async(&store, "id-G", async {
+            Guard::new(&store).run_async("id-G", async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 wait.await.map_err(std::io::Error::other)
             }),
@@ -934,7 +1078,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let second = with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-G", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-G", handler(&runs, &dropped, Ok(()))),
         );
         let mut first = pin!(first);
         let mut second = pin!(second);
@@ -961,10 +1105,10 @@ mod tests {
         assert_eq!(probe.phase().2, None);
         let out = with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-H", async { Ok::<(), std::io::Error>(()) }),
+            Guard::new(&store).run_async("id-H", async { Ok::<(), std::io::Error>(()) }),
         )
         .await;
-        assert_eq!(out.unwrap(), Outcome::Ran);
+        assert_eq!(out.unwrap().outcome, Outcome::Ran);
         assert!(
             probe.phase().2.is_some(),
             "the handler's start was recorded"
@@ -972,10 +1116,10 @@ mod tests {
         let probe = Arc::new(StoreProbe::default());
         let out = with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-H", async { Ok::<(), std::io::Error>(()) }),
+            Guard::new(&store).run_async("id-H", async { Ok::<(), std::io::Error>(()) }),
         )
         .await;
-        assert_eq!(out.unwrap(), Outcome::Skipped);
+        assert_eq!(out.unwrap().outcome, Outcome::Skipped);
         assert_eq!(probe.phase().2, None, "a duplicate's handler did not start");
     }
 
@@ -990,10 +1134,13 @@ mod tests {
         let probe = Arc::new(StoreProbe::with_pipeline(Some("srv".into())));
         let (out, recorded) = capture_outcome(with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-I", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-I", handler(&runs, &dropped, Ok(()))),
         ))
         .await;
-        assert_eq!((out.unwrap(), recorded), (Outcome::Ran, Some(Outcome::Ran)));
+        assert_eq!(
+            (out.unwrap().outcome, recorded),
+            (Outcome::Ran, Some(Outcome::Ran))
+        );
         assert_eq!(store.remember_calls.load(Ordering::SeqCst), 0);
         let deferred = probe.take_deferred();
         assert_eq!(
@@ -1003,7 +1150,7 @@ mod tests {
         // The turn on the key is held with the write: another delivery waits for it.
         let next = with_probe(
             Arc::new(StoreProbe::default()),
-            guard_async(&store, "id-I", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-I", handler(&runs, &dropped, Ok(()))),
         );
         let mut next = pin!(next);
         assert!(poll_once(next.as_mut()).is_pending());
@@ -1017,10 +1164,10 @@ mod tests {
         let probe = Arc::new(StoreProbe::with_pipeline(Some("other".into())));
         let out = with_probe(
             Arc::clone(&probe),
-            guard_async(&store, "id-J", handler(&runs, &dropped, Ok(()))),
+            Guard::new(&store).run_async("id-J", handler(&runs, &dropped, Ok(()))),
         )
         .await;
-        assert_eq!(out.unwrap(), Outcome::Ran);
+        assert_eq!(out.unwrap().outcome, Outcome::Ran);
         assert!(probe.take_deferred().is_empty());
         assert!(store.has("id-J"));
     }
@@ -1032,7 +1179,7 @@ mod tests {
         store: &S,
         key: K,
         handler: Fut,
-    ) -> impl Future<Output = Result<Outcome, R::Error>> + Send
+    ) -> impl Future<Output = Result<Guarded, R::Error>> + Send
     where
         S: AsyncStore + ?Sized,
         K: DedupeKey + Send,
@@ -1040,7 +1187,7 @@ mod tests {
         R: HandlerResult,
         S::Error: IntoHandlerError<R::Error>,
     {
-        guard_ttl_async(store, key, None, handler)
+        Guard::new(store).run_async(key, handler)
     }
 
     #[test]
@@ -1048,7 +1195,7 @@ mod tests {
         fn assert_send<T: Send>(_: &T) {}
         let store = InMemoryStore::new();
         let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({})).unwrap();
-        let fut = guard_async(&store, &env, async { Ok::<(), std::io::Error>(()) });
+        let fut = Guard::new(&store).run_async(&env, async { Ok::<(), std::io::Error>(()) });
         assert_send(&fut);
         let fut = guard_future_is_send(&store, 42u64, async {});
         assert_send(&fut);

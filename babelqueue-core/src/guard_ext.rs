@@ -11,11 +11,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::fingerprint::{
-    AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch, guard_fingerprint,
-    guard_fingerprint_async,
-};
-use crate::guard::{HandlerResult, Outcome};
+use crate::fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch};
+use crate::guard::{Guard, Guarded, HandlerResult};
 use crate::macro_support::{IdempotentReturn, StoreErrorFits};
 use crate::txn::{AsyncTransactionalStore, TransactionalStore};
 
@@ -23,11 +20,11 @@ use crate::txn::{AsyncTransactionalStore, TransactionalStore};
 /// `Result<(), E>`), independently of how `macro_support` spells the same conversion.
 pub trait GuardReturn: HandlerResult + Sized {
     /// The handler's value for the guard's answer.
-    fn from_outcome(result: Result<Outcome, Self::Error>) -> Self;
+    fn from_outcome(result: Result<Guarded, Self::Error>) -> Self;
 }
 
 impl GuardReturn for () {
-    fn from_outcome(result: Result<Outcome, std::convert::Infallible>) -> Self {
+    fn from_outcome(result: Result<Guarded, std::convert::Infallible>) -> Self {
         match result {
             Ok(_) => (),
             Err(never) => match never {},
@@ -36,7 +33,7 @@ impl GuardReturn for () {
 }
 
 impl<E> GuardReturn for Result<(), E> {
-    fn from_outcome(result: Result<Outcome, E>) -> Self {
+    fn from_outcome(result: Result<Guarded, E>) -> Self {
         result.map(|_| ())
     }
 }
@@ -51,13 +48,6 @@ pub trait AcceptsPayloadMismatch: From<PayloadMismatch> {}
 
 #[diagnostic::do_not_recommend]
 impl<E: From<PayloadMismatch>> AcceptsPayloadMismatch for E {}
-
-fn mismatch<R: GuardReturn>(m: PayloadMismatch) -> R
-where
-    R::Error: From<PayloadMismatch>,
-{
-    R::from_outcome(Err(m.into()))
-}
 
 /// The fingerprinting guard of a sync `#[idempotent(fingerprint)]` handler.
 #[diagnostic::on_unimplemented(
@@ -89,7 +79,12 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        R::from_outcome(guard_fingerprint(self, key, fingerprint, ttl, body))
+        R::from_outcome(
+            Guard::new(self)
+                .ttl(ttl)
+                .fingerprint(fingerprint)
+                .run(key, body),
+        )
     }
 }
 
@@ -123,7 +118,8 @@ where
         ttl: Option<Duration>,
         body: Fut,
     ) -> R {
-        R::from_outcome(guard_fingerprint_async(self, key, fingerprint, ttl, body).await)
+        let guard = Guard::new(self).ttl(ttl).fingerprint(fingerprint);
+        R::from_outcome(guard.run_async(key, body).await)
     }
 }
 
@@ -172,11 +168,7 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        match self.transaction_guard(key.as_deref(), ttl, None, body) {
-            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
-            Ok(Err(_)) => unreachable!("no fingerprint was given"),
-            Err(e) => R::from_outcome(Err(e)),
-        }
+        R::from_outcome(Guard::new(self).ttl(ttl).transaction().run(key, body))
     }
 
     fn guard_fingerprint<F: FnOnce(&Self::Tx<'_>) -> R>(
@@ -189,11 +181,11 @@ where
     where
         R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
     {
-        match self.transaction_guard(key.as_deref(), ttl, Some(fingerprint), body) {
-            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
-            Ok(Err(m)) => mismatch(m),
-            Err(e) => R::from_outcome(Err(e)),
-        }
+        let guard = Guard::new(self)
+            .ttl(ttl)
+            .fingerprint(fingerprint)
+            .transaction();
+        R::from_outcome(guard.run(key, body))
     }
 }
 
@@ -242,14 +234,13 @@ where
         ttl: Option<Duration>,
         body: F,
     ) -> R {
-        match self
-            .transaction_guard(key.as_deref(), ttl, None, body)
-            .await
-        {
-            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
-            Ok(Err(_)) => unreachable!("no fingerprint was given"),
-            Err(e) => R::from_outcome(Err(e)),
-        }
+        R::from_outcome(
+            Guard::new(self)
+                .ttl(ttl)
+                .transaction()
+                .run_async(key, body)
+                .await,
+        )
     }
 
     async fn guard_fingerprint<F: AsyncFnOnce(&Self::Tx<'_>) -> R>(
@@ -262,13 +253,10 @@ where
     where
         R: IdempotentReturn<Error: AcceptsPayloadMismatch>,
     {
-        match self
-            .transaction_guard(key.as_deref(), ttl, Some(fingerprint), body)
-            .await
-        {
-            Ok(Ok(outcome)) => R::from_outcome(Ok(outcome)),
-            Ok(Err(m)) => mismatch(m),
-            Err(e) => R::from_outcome(Err(e)),
-        }
+        let guard = Guard::new(self)
+            .ttl(ttl)
+            .fingerprint(fingerprint)
+            .transaction();
+        R::from_outcome(guard.run_async(key, body).await)
     }
 }

@@ -8,18 +8,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::envelope::Envelope;
 use crate::extract::{MissingState, StateMap};
 use crate::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
-/// A boxed, thread-safe error.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// A boxed `Send` future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::outcome::{BoxError, BoxFuture};
 
 /// A handler failed: its error, and the name of the error's type (written to
 /// `dead_letter.exception`).

@@ -197,7 +197,7 @@ pub(crate) async fn consumer_turn(key: &str) -> Option<KeyTurn> {
 /// guard called directly from async code takes no turn (blocking a runtime thread on a key
 /// an async task holds could deadlock).
 pub(crate) fn turn_blocking(key: &str) -> Option<KeyTurn> {
-    if !crate::guard::capturing_sync() {
+    if !crate::outcome::capturing_sync() {
         return None;
     }
     Some(turn_blocking_always(key))
@@ -412,7 +412,7 @@ fn mark(key: &str, bit: u8) {
     });
     match marked {
         Some(()) => {}
-        None if crate::guard::capturing_sync() => {
+        None if crate::outcome::capturing_sync() => {
             let mut map = SYNC_MARKS.lock().unwrap_or_else(PoisonError::into_inner);
             let bits = map.entry(key.to_owned()).or_insert_with(|| {
                 SYNC_MARKS_LEN.fetch_add(1, Ordering::Relaxed);

@@ -2,9 +2,8 @@
 //!
 //! The seen-set contract is post-success dedupe: two workers that both check `seen` before
 //! either remembers both run the handler. A store that can claim atomically implements
-//! [`LeaseStore`] / [`AsyncLeaseStore`], and [`guard_lease`](crate::guard_lease) /
-//! [`guard_lease_async`](crate::guard_lease_async) (or `#[idempotent(lease = "30s")]`)
-//! then:
+//! [`LeaseStore`] / [`AsyncLeaseStore`], and the [`Guard`](crate::Guard) in lease mode
+//! (`Guard::new(&store).lease(length)`, or `#[idempotent(lease = "30s")]`) then:
 //!
 //! 1. claims the id as in flight, with a lease that expires by itself;
 //! 2. an id already completed → skip (acked);
@@ -23,9 +22,7 @@
 //! then skip. A renewal that fails is never silent: each store error is logged
 //! (`tracing::warn!` with the id), and a renewal the store refuses (the lease already
 //! ended and the id may be running elsewhere) is logged and reported in the guard's
-//! typed result ([`LeasedOutcome::lease`], from
-//! [`guard_lease_report`](crate::guard::guard_lease_report) /
-//! [`guard_lease_report_async`](crate::guard::guard_lease_report_async)). When
+//! typed report ([`Guarded::lease`](crate::Guarded::lease)). When
 //! `complete` is refused because the lease was lost, the guard still remembers the id if
 //! no other worker holds it (a plain `remember`), so a later duplicate is skipped.
 //!
@@ -59,8 +56,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::guard::HandlerResult;
-use crate::guard::Outcome;
+use crate::outcome::HandlerResult;
 use crate::store::{AsyncStore, Store};
 
 /// An opaque token proving who holds a claim, with the claim's fencing token.
@@ -303,8 +299,7 @@ thread_local! {
 }
 
 /// The fencing token of the lease the current handler runs under, when it runs inside
-/// [`guard_lease`](crate::guard_lease) / [`guard_lease_async`](crate::guard_lease_async)
-/// (or `#[idempotent(lease = …)]`) and the store hands out fencing tokens (all of this
+/// a [`Guard`](crate::Guard) in lease mode (or `#[idempotent(lease = …)]`) and the store hands out fencing tokens (all of this
 /// project's do). `None` outside a leased handler.
 ///
 /// Send it with the handler's downstream writes: the token is larger for every later
@@ -315,7 +310,7 @@ thread_local! {
 /// ```
 /// use std::time::Duration;
 /// use babelqueue_core::lease::current_fencing_token;
-/// use babelqueue_core::{guard_lease_async, InFlight, InMemoryStore};
+/// use babelqueue_core::{Guard, InFlight, InMemoryStore};
 ///
 /// #[derive(Debug)]
 /// struct Busy;
@@ -324,7 +319,7 @@ thread_local! {
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let store = InMemoryStore::new();
 /// assert_eq!(current_fencing_token(), None);
-/// guard_lease_async(&store, "pay_7f3a", Duration::from_secs(30), None, async {
+/// Guard::new(&store).lease(Duration::from_secs(30)).run_async("pay_7f3a", async {
 ///     let fence = current_fencing_token().expect("set while the leased handler runs");
 ///     assert!(fence >= 1);
 ///     Ok::<(), Busy>(())
@@ -390,19 +385,6 @@ pub enum LeaseHealth {
     Held,
     /// The lease was lost; the handler may have run elsewhere too.
     Lost(LeaseLostCause),
-}
-
-/// The typed result of [`guard_lease_report`](crate::guard::guard_lease_report) /
-/// [`guard_lease_report_async`](crate::guard::guard_lease_report_async): what the guard
-/// did, the claim's fencing token, and whether the lease held.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeasedOutcome {
-    /// What the guard did with the delivery.
-    pub outcome: Outcome,
-    /// The fencing token of the claim the handler ran under (`None`: no claim).
-    pub fencing_token: Option<u64>,
-    /// Whether the lease held.
-    pub lease: LeaseHealth,
 }
 
 /// How often a lease is renewed: every third of it.
@@ -514,3 +496,61 @@ where
     let lost = lost.into_inner().unwrap_or_else(|e| e.into_inner());
     (out.into_result(), lost)
 }
+// A `State<S>` argument holding a store is a store (the router's shared stores).
+macro_rules! forward_state_lease_stores {
+    () => {
+        impl<S: crate::lease::LeaseStore> crate::lease::LeaseStore for crate::extract::State<S> {
+            fn claim(
+                &self,
+                id: &str,
+                lease: std::time::Duration,
+            ) -> Result<crate::lease::Claim, Self::Error> {
+                self.0.claim(id, lease)
+            }
+            fn complete(
+                &self,
+                id: &str,
+                token: &crate::lease::LeaseToken,
+                ttl: Option<std::time::Duration>,
+            ) -> Result<bool, Self::Error> {
+                self.0.complete(id, token, ttl)
+            }
+            fn release(
+                &self,
+                id: &str,
+                token: &crate::lease::LeaseToken,
+            ) -> Result<bool, Self::Error> {
+                self.0.release(id, token)
+            }
+        }
+
+        impl<S: crate::lease::AsyncLeaseStore> crate::lease::AsyncLeaseStore
+            for crate::extract::State<S>
+        {
+            fn claim(
+                &self,
+                id: &str,
+                lease: std::time::Duration,
+            ) -> impl Future<Output = Result<crate::lease::Claim, Self::Error>> + Send {
+                self.0.claim(id, lease)
+            }
+            fn complete(
+                &self,
+                id: &str,
+                token: &crate::lease::LeaseToken,
+                ttl: Option<std::time::Duration>,
+            ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+                self.0.complete(id, token, ttl)
+            }
+            fn release(
+                &self,
+                id: &str,
+                token: &crate::lease::LeaseToken,
+            ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+                self.0.release(id, token)
+            }
+        }
+    };
+}
+
+forward_state_lease_stores!();

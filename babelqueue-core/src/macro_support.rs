@@ -19,9 +19,7 @@ use std::time::Duration;
 
 use crate::envelope::Envelope;
 use crate::extract::{FromEnvelope, MissingState, StateMap};
-use crate::guard::{
-    HandlerResult, Outcome, guard_async_ttl, guard_lease, guard_lease_report_async_with, guard_ttl,
-};
+use crate::guard::{Guard, Guarded, HandlerResult};
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
@@ -34,7 +32,7 @@ pub trait ReturnKind {
     /// The handler's return type: `()` or `Result<(), Self::Error>`.
     type Ret: HandlerResult<Error = Self::Error>;
     /// Turns the guard's answer back into the handler's return value.
-    fn from_guard(result: Result<Outcome, Self::Error>) -> Self::Ret;
+    fn from_guard(result: Result<Guarded, Self::Error>) -> Self::Ret;
 }
 
 /// A handler returning `()`.
@@ -43,7 +41,7 @@ pub enum UnitKind {}
 impl ReturnKind for UnitKind {
     type Error = Infallible;
     type Ret = ();
-    fn from_guard(result: Result<Outcome, Infallible>) {
+    fn from_guard(result: Result<Guarded, Infallible>) {
         match result {
             Ok(_) => (),
             Err(never) => match never {},
@@ -57,7 +55,7 @@ pub struct ResultKind<E>(PhantomData<E>);
 impl<E> ReturnKind for ResultKind<E> {
     type Error = E;
     type Ret = Result<(), E>;
-    fn from_guard(result: Result<Outcome, E>) -> Result<(), E> {
+    fn from_guard(result: Result<Guarded, E>) -> Result<(), E> {
         result.map(|_| ())
     }
 }
@@ -190,6 +188,42 @@ pub trait StoreErrorFits<K: ReturnKind>: IntoHandlerError<K::Error> {}
 impl<Err: CannotFail> StoreErrorFits<UnitKind> for Err {}
 impl<Err: ConvertsInto<E>, E> StoreErrorFits<ResultKind<E>> for Err {}
 
+/// The seen-set guard of a sync handler, as `guard_trait!` calls it.
+#[inline]
+fn run_seen_set<S, Q, F, R>(
+    store: &S,
+    key: Q,
+    ttl: Option<Duration>,
+    body: F,
+) -> Result<Guarded, R::Error>
+where
+    S: Store + ?Sized,
+    Q: DedupeKey,
+    F: FnOnce() -> R,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    Guard::new(store).ttl(ttl).run(key, body)
+}
+
+/// The seen-set guard of an async handler, as `guard_trait!` calls it.
+#[inline]
+fn run_seen_set_async<S, Q, Fut, R>(
+    store: &S,
+    key: Q,
+    ttl: Option<Duration>,
+    body: Fut,
+) -> impl Future<Output = Result<Guarded, R::Error>>
+where
+    S: AsyncStore + ?Sized,
+    Q: DedupeKey,
+    Fut: Future<Output = R>,
+    R: HandlerResult,
+    S::Error: IntoHandlerError<R::Error>,
+{
+    Guard::new(store).ttl(ttl).run_async(key, body)
+}
+
 // The guards are generic over the return *kind* `K`, which the expansion names as
 // `<ReturnType as IdempotentReturn>::Kind` spanned at the user's return type: an
 // unsupported return type is reported there, once; the guard call then cannot tell its
@@ -294,7 +328,7 @@ struct FromGuard<F, K> {
 
 impl<F, K> Future for FromGuard<F, K>
 where
-    F: Future<Output = Result<Outcome, K::Error>>,
+    F: Future<Output = Result<Guarded, K::Error>>,
     K: ReturnKind,
 {
     type Output = K::Ret;
@@ -321,7 +355,7 @@ guard_trait! {
         label = "this `store = ...` does not implement `babelqueue::Store`",
         note = "a sync fn needs a blocking `Store` (`InMemoryStore`, the SQLite store, or your own impl); a store implementing only `AsyncStore` (Redis, PostgreSQL) needs an `async fn` handler"
     )]
-    SyncGuard, ReturnKind, SeenSetStore, StoreFits, guard_ttl, (), sync
+    SyncGuard, ReturnKind, SeenSetStore, StoreFits, run_seen_set, (), sync
 }
 
 guard_trait! {
@@ -332,7 +366,7 @@ guard_trait! {
         label = "this `store = ...` does not implement `babelqueue::AsyncStore`",
         note = "an `async fn` needs an `AsyncStore` (`InMemoryStore`, the Redis, PostgreSQL or SQLite stores, or your own impl); a store implementing only the blocking `Store` needs a sync fn"
     )]
-    AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, guard_async_ttl, (), async
+    AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, run_seen_set_async, (), async
 }
 
 /// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler whose return type
@@ -383,7 +417,7 @@ where
         K: ReturnKind<Error = E>,
         E: AcceptsInFlight,
     {
-        K::from_guard(guard_lease(self, key, lease, ttl, body))
+        K::from_guard(Guard::new(self).ttl(ttl).lease(lease).run(key, body))
     }
 }
 
@@ -441,8 +475,8 @@ where
         Fut: Future<Output = K::Ret>,
         C: FnOnce() -> fn(InFlight) -> K::Error,
     {
-        let result = guard_lease_report_async_with(self, key, lease, ttl, body, in_flight()).await;
-        K::from_guard(result.map(|r| r.outcome))
+        let guard = Guard::new(self).ttl(ttl).lease(lease);
+        K::from_guard(guard.run_async_with(key, body, in_flight()).await)
     }
 }
 
@@ -463,6 +497,51 @@ pub trait AcceptsInFlight: From<InFlight> {}
 
 #[diagnostic::do_not_recommend]
 impl<E: From<InFlight>> AcceptsInFlight for E {}
+
+/// The envelope behind a parameter `#[idempotent]` reads it from when its type is not
+/// spelled `&Envelope`: `Arc<Envelope>`, `Box<Envelope>`, or a type alias of one, in a
+/// parameter named `env` or `envelope`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use babelqueue_core::macro_support::EnvelopeParam;
+/// use babelqueue_core::Envelope;
+///
+/// type Env = Arc<Envelope>;
+/// let env: Env = Arc::new(Envelope::new("urn:babel:payments:charge", serde_json::json!({}))?);
+/// assert_eq!(EnvelopeParam::envelope(&env).job, "urn:babel:payments:charge");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an envelope",
+    label = "#[idempotent] reads the message's `meta.id` (and `job`) from this parameter",
+    note = "a parameter named `env` or `envelope` is taken for the envelope: give it the type `&Envelope`, `Envelope` or `Arc<Envelope>` (or an alias of one), or rename it and say what to key on with `key = ...`"
+)]
+pub trait EnvelopeParam {
+    /// The envelope.
+    fn envelope(&self) -> &Envelope;
+}
+
+impl EnvelopeParam for Envelope {
+    #[inline]
+    fn envelope(&self) -> &Envelope {
+        self
+    }
+}
+
+macro_rules! envelope_param_through {
+    ($($ty:ty),*) => {$(
+        #[diagnostic::do_not_recommend]
+        impl<T: EnvelopeParam + ?Sized> EnvelopeParam for $ty {
+            #[inline]
+            fn envelope(&self) -> &Envelope {
+                T::envelope(self)
+            }
+        }
+    )*};
+}
+
+envelope_param_through!(&T, &mut T, std::sync::Arc<T>, Box<T>, std::rc::Rc<T>);
 
 /// A value `key = ...` can take.
 #[diagnostic::on_unimplemented(

@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use babelqueue_core::namespace::Namespace;
-//! use babelqueue_core::{guard, Envelope, InMemoryStore, Outcome};
+//! use babelqueue_core::{Guard, Envelope, InMemoryStore, Outcome};
 //!
 //! let store = InMemoryStore::new();
 //! let charge = Envelope::new("urn:babel:payments:charge", serde_json::json!({"payment_id": "pay_7f3a"}))?;
@@ -27,9 +27,9 @@
 //! // Keyed on payment_id, scoped per handler: the refund is not skipped after the charge.
 //! let key = |env: &Envelope| Namespace::of_handler(env).key(env.data["payment_id"].clone());
 //! assert_eq!(key(&charge).as_deref(), Some("urn:babel:payments:charge#pay_7f3a"));
-//! assert_eq!(guard(&store, key(&charge), || ())?, Outcome::Ran);
-//! assert_eq!(guard(&store, key(&refund), || ())?, Outcome::Ran);
-//! assert_eq!(guard(&store, key(&charge), || ())?, Outcome::Skipped);
+//! assert_eq!(Guard::new(&store).run(key(&charge), || ())?, Outcome::Ran);
+//! assert_eq!(Guard::new(&store).run(key(&refund), || ())?, Outcome::Ran);
+//! assert_eq!(Guard::new(&store).run(key(&charge), || ())?, Outcome::Skipped);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

@@ -5,8 +5,8 @@
 //!
 //! let store = InMemoryStore::new();
 //! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
-//! assert_eq!(guard(&store, &env, || ())?, Outcome::Ran);
-//! assert_eq!(guard(&store, &env, || ())?, Outcome::Skipped);
+//! assert_eq!(Guard::new(&store).run(&env, || ())?, Outcome::Ran);
+//! assert_eq!(Guard::new(&store).run(&env, || ())?, Outcome::Skipped);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -15,7 +15,7 @@
 pub use crate::envelope::{DeadLetter, DecodeError, Envelope, EnvelopeError, Meta};
 pub use crate::extract::{Attempts, FromEnvelope, Json, State};
 pub use crate::fingerprint::{AsyncFingerprintStore, FingerprintStore, PayloadMismatch};
-pub use crate::guard::{Outcome, guard, guard_async};
+pub use crate::guard::{Guard, Guarded, Outcome};
 pub use crate::handler::{BoxError, HandlerError, Router};
 pub use crate::key::DedupeKey;
 pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};

@@ -13,8 +13,8 @@
 //! matches how it does I/O: Redis and PostgreSQL implement [`AsyncStore`] only; the
 //! in-memory store implements both (its calls never block); the embedded SQLite store
 //! implements [`Store`] and also [`AsyncStore`] by moving its calls onto tokio's blocking
-//! pool. The guard picks the trait from the handler: `guard` needs a [`Store`],
-//! `guard_async` an [`AsyncStore`].
+//! pool. The guard picks the trait from the handler: [`Guard::run`](crate::Guard::run)
+//! needs a [`Store`], [`Guard::run_async`](crate::Guard::run_async) an [`AsyncStore`].
 //!
 //! Both traits are implemented for `&S`, `Box<S>`, `Arc<S>`, `std::sync::LazyLock<S>` and
 //! `once_cell::sync::Lazy<S>`, so a store can live in a `static` and be passed as is.
@@ -227,4 +227,58 @@ macro_rules! handler_error_from {
     )+};
 }
 
-handler_error_from!(std::io::Error, crate::handler::BoxError);
+handler_error_from!(std::io::Error, crate::outcome::BoxError);
+// A `State<S>` argument holding a store is a store (the router's shared stores).
+macro_rules! forward_state_stores {
+    () => {
+        impl<S: crate::store::Store> crate::store::Store for crate::extract::State<S> {
+            type Error = S::Error;
+            fn seen(&self, id: &str) -> Result<bool, Self::Error> {
+                self.0.seen(id)
+            }
+            fn remember(&self, id: &str) -> Result<(), Self::Error> {
+                self.0.remember(id)
+            }
+            fn remember_for(
+                &self,
+                id: &str,
+                ttl: Option<std::time::Duration>,
+            ) -> Result<(), Self::Error> {
+                self.0.remember_for(id, ttl)
+            }
+            fn forget(&self, id: &str) -> Result<(), Self::Error> {
+                self.0.forget(id)
+            }
+        }
+
+        impl<S: crate::store::AsyncStore> crate::store::AsyncStore for crate::extract::State<S> {
+            type Error = S::Error;
+            fn seen(&self, id: &str) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+                self.0.seen(id)
+            }
+            fn remember(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+                self.0.remember(id)
+            }
+            fn remember_for(
+                &self,
+                id: &str,
+                ttl: Option<std::time::Duration>,
+            ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+                self.0.remember_for(id, ttl)
+            }
+            fn forget(&self, id: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+                self.0.forget(id)
+            }
+            fn pipelined_remember(
+                &self,
+                id: &str,
+                ttl: Option<std::time::Duration>,
+                server: &str,
+            ) -> Option<crate::pipelined::PipelinedWrite> {
+                self.0.pipelined_remember(id, ttl, server)
+            }
+        }
+    };
+}
+
+forward_state_stores!();

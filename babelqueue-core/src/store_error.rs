@@ -23,8 +23,8 @@
 use std::error::Error;
 use std::fmt;
 
-use crate::handler::BoxError;
 use crate::key::UnstorableId;
+use crate::outcome::BoxError;
 
 /// Why a store could not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -69,7 +69,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_lease, guard_lease_async, guard_ttl, guard_ttl_async};
+use crate::guard::{Guard, Guarded, Outcome};
 use crate::handler::{BoxError, BoxFuture};
 use crate::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
@@ -379,7 +379,7 @@ pub fn awkward_id_pairs() -> Vec<(String, String)> {
 pub mod async_cases {
     use super::*;
 
-    /// Every conformance sequence through [`guard_ttl_async`], a fresh store each.
+    /// Every conformance sequence through [`Guard::run_async`](crate::Guard), a fresh store each.
     pub async fn conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -397,15 +397,16 @@ pub mod async_cases {
                 }
                 let ran = Cell::new(false);
                 let fail = d.outcome == Some(HandlerOutcome::Throw);
-                let result = guard_ttl_async(&store, &envelope(&d.meta_id), None, async {
-                    ran.set(true);
-                    if fail {
-                        Err(BoxError::from(Boom))
-                    } else {
-                        Ok(())
-                    }
-                })
-                .await;
+                let result = Guard::new(&store)
+                    .run_async(&envelope(&d.meta_id), async {
+                        ran.set(true);
+                        if fail {
+                            Err(BoxError::from(Boom))
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .await;
                 effects += usize::from(ran.get());
                 expect_delivery(d, ran.get(), result, &at);
             }
@@ -735,7 +736,8 @@ fn truncate(id: &str) -> String {
     format!("{}… ({} bytes)", &id[..end], id.len())
 }
 
-fn expect_delivery(d: &Delivery, ran: bool, result: Result<Outcome, BoxError>, at: &str) {
+fn expect_delivery(d: &Delivery, ran: bool, result: Result<Guarded, BoxError>, at: &str) {
+    let result = result.map(Outcome::from);
     match d.expect_effect {
         Effect::Run => {
             assert!(ran, "{at}: expected the handler to run");
@@ -768,7 +770,7 @@ fn expect_delivery(d: &Delivery, ran: bool, result: Result<Outcome, BoxError>, a
 pub mod async_lease_cases {
     use super::*;
 
-    /// Every conformance sequence through [`guard_lease_async`].
+    /// Every conformance sequence through the lease-mode [`Guard`] (async).
     pub async fn lease_conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -786,8 +788,9 @@ pub mod async_lease_cases {
                 }
                 let ran = Cell::new(false);
                 let fail = d.outcome == Some(HandlerOutcome::Throw);
-                let result =
-                    guard_lease_async(&store, &envelope(&d.meta_id), LONG_LEASE, None, async {
+                let result = Guard::new(&store)
+                    .lease(LONG_LEASE)
+                    .run_async(&envelope(&d.meta_id), async {
                         ran.set(true);
                         if fail {
                             Err(BoxError::from(Boom))
@@ -842,10 +845,10 @@ pub mod async_lease_cases {
     {
         let mut ctx = Ctx::new(&factory);
         let s = ctx.store(None).await;
-        let r = guard_lease_async(&s, "fails-once", LONG_LEASE, None, async {
-            Err::<(), BoxError>(Boom.into())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Err::<(), BoxError>(Boom.into()) })
+            .await;
         assert!(
             matches!(&r, Err(e) if e.downcast_ref::<Boom>().is_some()),
             "{r:?}"
@@ -854,15 +857,15 @@ pub mod async_lease_cases {
             !check(s.seen("fails-once").await, "seen"),
             "a failed delivery left the id marked"
         );
-        let r = guard_lease_async(&s, "fails-once", LONG_LEASE, None, async {
-            Ok::<(), BoxError>(())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Ok::<(), BoxError>(()) })
+            .await;
         assert_eq!(check(r, "second delivery"), Outcome::Ran);
-        let r = guard_lease_async(&s, "fails-once", LONG_LEASE, None, async {
-            Ok::<(), BoxError>(())
-        })
-        .await;
+        let r = Guard::new(&s)
+            .lease(LONG_LEASE)
+            .run_async("fails-once", async { Ok::<(), BoxError>(()) })
+            .await;
         assert_eq!(check(r, "third delivery"), Outcome::Skipped);
 
         let Claim::Acquired(t) = check(s.claim("released", LONG_LEASE).await, "claim") else {
@@ -1263,13 +1266,13 @@ pub mod sync_renewal_cases {
                             barrier.wait();
                             let started = Instant::now();
                             loop {
-                                let r = guard_lease(&*s, "renewed", SHORT_LEASE, None, || {
+                                let r = Guard::new(&*s).lease(SHORT_LEASE).run("renewed", || {
                                     effects.fetch_add(1, Ordering::SeqCst);
                                     assert!(crate::lease::current_fencing_token().is_some());
                                     std::thread::sleep(HANDLER_PAST_LEASE);
                                     Ok::<(), BoxError>(())
                                 });
-                                match r {
+                                match r.map(Outcome::from) {
                                     Ok(Outcome::Ran) => {
                                         ran.fetch_add(1, Ordering::SeqCst);
                                         return;
@@ -1302,7 +1305,7 @@ pub mod sync_renewal_cases {
     }
 }
 
-/// Races `n` deliveries of `id` through [`guard_lease_async`] with a slow handler;
+/// Races `n` deliveries of `id` through the lease-mode [`Guard`] (async) with a slow handler;
 /// deliveries told `InFlight` retry. Returns (ran, skipped, in-flight answers seen).
 /// The lease and the handler's duration of a race.
 #[derive(Debug, Clone, Copy)]
@@ -1355,18 +1358,20 @@ where
                 let mut in_flight = 0;
                 loop {
                     let (effects, done) = (Arc::clone(&effects), Arc::clone(&finished));
-                    let r = guard_lease_async(&*store, id.as_str(), race.lease, None, async move {
-                        effects.fetch_add(1, Ordering::SeqCst);
-                        assert!(
-                            crate::lease::current_fencing_token().is_some(),
-                            "no fencing token inside the leased handler"
-                        );
-                        tokio::time::sleep(race.handler).await;
-                        done.store(true, Ordering::SeqCst);
-                        Ok::<(), BoxError>(())
-                    })
-                    .await;
-                    match r {
+                    let r = Guard::new(&*store)
+                        .lease(race.lease)
+                        .run_async(id.as_str(), async move {
+                            effects.fetch_add(1, Ordering::SeqCst);
+                            assert!(
+                                crate::lease::current_fencing_token().is_some(),
+                                "no fencing token inside the leased handler"
+                            );
+                            tokio::time::sleep(race.handler).await;
+                            done.store(true, Ordering::SeqCst);
+                            Ok::<(), BoxError>(())
+                        })
+                        .await;
+                    match r.map(Outcome::from) {
                         Ok(Outcome::Skipped) => {
                             // (Only meaningful when the holder runs in this process.)
                             assert!(
@@ -1412,7 +1417,7 @@ where
 pub mod sync_cases {
     use super::*;
 
-    /// Every conformance sequence through the blocking [`guard_ttl`].
+    /// Every conformance sequence through the blocking [`Guard::run`](crate::Guard).
     pub async fn sync_conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -1434,7 +1439,7 @@ pub mod sync_cases {
                         }
                         let mut ran = false;
                         let fail = d.outcome == Some(HandlerOutcome::Throw);
-                        let result = guard_ttl(&*store, &envelope(&d.meta_id), None, || {
+                        let result = Guard::new(&*store).run(&envelope(&d.meta_id), || {
                             ran = true;
                             if fail {
                                 Err(BoxError::from(Boom))
@@ -1513,7 +1518,7 @@ pub mod sync_cases {
 pub mod sync_lease_cases {
     use super::*;
 
-    /// Every conformance sequence through the blocking [`guard_lease`].
+    /// Every conformance sequence through the blocking lease-mode [`Guard`].
     pub async fn sync_lease_conformance_sequences<F>(factory: F, sequences: Vec<Sequence>)
     where
         F: StoreFactory,
@@ -1534,15 +1539,17 @@ pub mod sync_lease_cases {
                         }
                         let mut ran = false;
                         let fail = d.outcome == Some(HandlerOutcome::Throw);
-                        let result =
-                            guard_lease(&*store, &envelope(&d.meta_id), LONG_LEASE, None, || {
+                        let result = Guard::new(&*store).lease(LONG_LEASE).run(
+                            &envelope(&d.meta_id),
+                            || {
                                 ran = true;
                                 if fail {
                                     Err(BoxError::from(Boom))
                                 } else {
                                     Ok(())
                                 }
-                            });
+                            },
+                        );
                         effects += usize::from(ran);
                         expect_delivery(d, ran, result, &at);
                     }
@@ -1558,7 +1565,7 @@ pub mod sync_lease_cases {
         ctx.done().await;
     }
 
-    /// 16 threads deliver one id at once through [`guard_lease`]: exactly one effect.
+    /// 16 threads deliver one id at once through the lease-mode [`Guard`]: exactly one effect.
     pub async fn sync_lease_one_effect_across_16_threads<F>(factory: F)
     where
         F: StoreFactory,
@@ -1583,13 +1590,13 @@ pub mod sync_lease_cases {
                             barrier.wait();
                             let started = Instant::now();
                             loop {
-                                let r = guard_lease(&*s, "one-effect", LONG_LEASE, None, || {
+                                let r = Guard::new(&*s).lease(LONG_LEASE).run("one-effect", || {
                                     effects.fetch_add(1, Ordering::SeqCst);
                                     std::thread::sleep(SLOW_HANDLER);
                                     finished.store(true, Ordering::SeqCst);
                                     Ok::<(), BoxError>(())
                                 });
-                                match r {
+                                match r.map(Outcome::from) {
                                     Ok(Outcome::Ran) => {
                                         ran.fetch_add(1, Ordering::SeqCst);
                                         return;

@@ -29,22 +29,22 @@
 //! [`Outcome`] so that the runtime's [`capture_outcome`](crate::guard::capture_outcome) tells a
 //! skipped duplicate from a run.
 
-use crate::guard::Outcome;
+use crate::outcome::Outcome;
 
 /// Records `outcome` for [`capture_outcome`](crate::guard::capture_outcome) /
 /// [`capture_outcome_sync`](crate::guard::capture_outcome_sync) and returns it. For store
 /// implementations of a transactional guard (the seen-set guards record theirs).
 pub fn report(outcome: Outcome) -> Outcome {
     match outcome {
-        Outcome::Skipped => crate::guard::skipped("(transactional)"),
-        other => crate::guard::done(other),
+        Outcome::Skipped => crate::outcome::skipped("(transactional)"),
+        other => crate::outcome::done(other),
     }
 }
 
 /// Records a skipped duplicate of `key` (logged at debug level) and returns
 /// [`Outcome::Skipped`].
 pub fn report_skipped(key: &str) -> Outcome {
-    crate::guard::skipped(key)
+    crate::outcome::skipped(key)
 }
 
 /// A store that can run a handler in one transaction with the id's row, blocking (the
@@ -70,7 +70,7 @@ pub trait TransactionalStore {
     ) -> Result<Result<Outcome, crate::fingerprint::PayloadMismatch>, R::Error>
     where
         F: FnOnce(&Self::Tx<'_>) -> R,
-        R: crate::guard::HandlerResult,
+        R: crate::outcome::HandlerResult,
         Self::Error: crate::store::IntoHandlerError<R::Error>;
 }
 
@@ -95,7 +95,7 @@ pub trait AsyncTransactionalStore: Send + Sync {
     >
     where
         F: AsyncFnOnce(&Self::Tx<'_>) -> R,
-        R: crate::guard::HandlerResult,
+        R: crate::outcome::HandlerResult,
         Self::Error: crate::store::IntoHandlerError<R::Error>;
 }
 

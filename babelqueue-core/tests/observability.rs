@@ -279,7 +279,7 @@ async fn metrics_count_deliveries_by_outcome_retries_dead_letters_and_store_call
         DEAD_LETTERS_TOTAL, DELIVERIES_TOTAL, HANDLER_DURATION_SECONDS, IN_FLIGHT, Metered,
         RETRIES_TOTAL, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL,
     };
-    use babelqueue_core::{InMemoryStore, guard_async};
+    use babelqueue_core::{Guard, InMemoryStore};
 
     let rec = recorder::installed();
     let q = "obs-metrics";
@@ -295,17 +295,18 @@ async fn metrics_count_deliveries_by_outcome_retries_dead_letters_and_store_call
                 let (st, fc) = (st.clone(), fc.clone());
                 async move {
                     let kind = env.data["kind"].as_str().unwrap_or_default().to_owned();
-                    guard_async(&*st, &env, async {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        match kind.as_str() {
-                            "ok" => Ok(()),
-                            // Fails on its first delivery only.
-                            "flaky" if fc.fetch_add(1, Ordering::SeqCst) > 0 => Ok(()),
-                            _ => Err(StoreFailed(Db(Root))),
-                        }
-                    })
-                    .await
-                    .map(drop)
+                    Guard::new(&*st)
+                        .run_async(&env, async {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            match kind.as_str() {
+                                "ok" => Ok(()),
+                                // Fails on its first delivery only.
+                                "flaky" if fc.fetch_add(1, Ordering::SeqCst) > 0 => Ok(()),
+                                _ => Err(StoreFailed(Db(Root))),
+                            }
+                        })
+                        .await
+                        .map(drop)
                 }
             });
     let ok = Envelope::new(CHARGE, json!({"kind": "ok"}))

@@ -21,6 +21,18 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_errors(errors, item);
         }
     };
+    let mut args = args;
+    // Under `#[handler("urn:...")]` (written below this attribute, so still on the fn), a
+    // custom key of a fn without an envelope parameter is namespaced by that URN: the
+    // `job` of every envelope the router gives the fn.
+    if args.key.is_some()
+        && args.namespace.is_none()
+        && !validate::has_named_envelope(&f.sig)
+        && let Some(urn) = handler_urn(&f.attrs)
+    {
+        let span = urn.span();
+        args.namespace = Some((attr::NamespaceArg::Explicit(urn), span));
+    }
     let shape = validate::idempotent(&f, &args, &mut errors);
     if let Err(e) = errors.into_result() {
         return with_errors_fn(e, &f);
@@ -30,6 +42,50 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         return f.into_token_stream();
     };
     guarded_fn(&args, store, &shape, f)
+}
+
+/// The URN of a `#[handler("urn:...")]` attribute among `attrs`.
+fn handler_urn(attrs: &[Attribute]) -> Option<syn::LitStr> {
+    attrs.iter().find_map(|a| {
+        let last = a.path().segments.last()?;
+        if last.ident != "handler" {
+            return None;
+        }
+        let syn::Meta::List(list) = &a.meta else {
+            return None;
+        };
+        attr::parse_handler(list.tokens.clone()).0.urn
+    })
+}
+
+/// `f` with `namespace = "<urn>"` added to an `#[idempotent(...)]` attribute below
+/// `#[handler("<urn>")]` that has a custom `key`, no `namespace`, and no envelope parameter
+/// to read the URN from: the handler's URN is the namespace, as the `job` of every
+/// envelope the router gives the fn.
+fn namespace_idempotent(f: &mut ItemFn, urn: &syn::LitStr) {
+    if validate::has_named_envelope(&f.sig) {
+        return;
+    }
+    for a in &mut f.attrs {
+        let is_idempotent = a
+            .path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "idempotent");
+        let syn::Meta::List(list) = &mut a.meta else {
+            continue;
+        };
+        if !is_idempotent {
+            continue;
+        }
+        let (parsed, _) = attr::parse_idempotent(list.tokens.clone());
+        if parsed.key.is_some() && parsed.namespace.is_none() {
+            let tokens = &list.tokens;
+            let mut urn = urn.clone();
+            urn.set_span(Span::call_site());
+            list.tokens = quote!(#tokens, namespace = #urn);
+        }
+    }
 }
 
 fn with_errors(errors: Errors, item: TokenStream) -> TokenStream {
@@ -233,6 +289,10 @@ fn guarded_fn(
             match env.by {
                 EnvRef::Owned => quote_spanned!(first=> &#ident),
                 EnvRef::Shared | EnvRef::Mut => quote_spanned!(first=> &*#ident),
+                EnvRef::Smart => {
+                    let path = respan(quote!(#private::EnvelopeParam::envelope), first);
+                    quote_spanned!(first=> #path(&#ident))
+                }
             }
         }
         // Unreachable: validation requires a key or an envelope parameter.
@@ -258,7 +318,7 @@ fn guarded_fn(
     let key_path = respan_range(quote!(#private::KeySource::#key_fn), key_first, key_last);
     let key_call = quote!(#key_path #key_args);
     // The `meta.id` of an `env: &Envelope` parameter is keyed on through (a copy of) the
-    // reference, as a hand-written `guard_async(&STORE, env, ...)` does: the body cannot
+    // reference, as a hand-written `Guard::new(&STORE).run_async(env, ...)` does: the body cannot
     // move or change the envelope behind it, so the key need not be copied out first.
     let key_call = match (&args.key, &shape.env) {
         (None, Some(env)) if env.by == EnvRef::Shared && !by_return_type => {
@@ -291,6 +351,7 @@ fn guarded_fn(
             let env_ref = match env.by {
                 EnvRef::Owned => quote!(&#ident),
                 EnvRef::Shared | EnvRef::Mut => quote!(&*#ident),
+                EnvRef::Smart => quote!(#private::EnvelopeParam::envelope(&#ident)),
             };
             let path = respan(quote!(#private::Fingerprint::of_envelope), *fp);
             quote!(let #fp_ident = #path(#env_ref);)
@@ -439,11 +500,10 @@ fn guarded_fn(
     } else {
         call
     };
-    // A `()` sync body ends with a statement, so lints such as
-    // `semicolon_if_nothing_returned` stay quiet on the expansion (the async one ends
-    // with the awaited guard, as an `async fn` returning `()` written by hand would).
+    // A `()` body ends with a statement, sync or async, so lints such as clippy's
+    // `semicolon_if_nothing_returned` stay quiet on the expansion.
     let call = match &shape.ret {
-        Return::Unit if !is_async => {
+        Return::Unit => {
             let semi = quote_spanned!(last=> ;);
             quote!(#call #semi)
         }
@@ -485,6 +545,8 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
         // Unreachable: both are errors above.
         return f.into_token_stream();
     };
+    let mut f = f;
+    namespace_idempotent(&mut f, urn);
     let rt = krate::runtime(args.krate.as_ref());
     let private = quote!(#rt::__private);
     let callee = f.sig.ident.to_token_stream();
@@ -639,6 +701,12 @@ fn handler_type(
                 call_args.push(quote!(::core::clone::Clone::clone(&#envelope)));
             }
             HandlerArg::Envelope(EnvRef::Owned) => call_args.push(quote!(#envelope)),
+            // `Arc<Envelope>`, `Box<Envelope>`, or a type alias: built with `From`.
+            HandlerArg::Envelope(EnvRef::Smart) if owned_needs_clone => call_args
+                .push(quote!(::core::convert::From::from(::core::clone::Clone::clone(&#envelope)))),
+            HandlerArg::Envelope(EnvRef::Smart) => {
+                call_args.push(quote!(::core::convert::From::from(#envelope)));
+            }
             HandlerArg::Extract(ty) => {
                 let local = Ident::new(&format!("__babelqueue_arg{i}"), Span::mixed_site());
                 // Spanned at the argument's type: a type the router cannot build is
@@ -712,23 +780,24 @@ fn handler_type(
     let alias = respan(quote!(#vis type), name_first);
     let semi = quote_spanned!(name_last=> ;);
     quote! {
+        // `dead_code` allowed: a fn called directly and not (yet) registered leaves the
+        // type unused, which is no mistake of the user's.
         #[doc = #struct_doc]
         #(#cfgs)*
         #(#deprecated)*
-        #[allow(non_camel_case_types)]
+        #[allow(non_camel_case_types, dead_code)]
         #alias #name = #hidden #semi
 
         #[doc(hidden)]
         #(#cfgs)*
-        #[allow(non_camel_case_types)]
+        #[allow(non_camel_case_types, dead_code)]
         #[derive(Debug, Clone, Copy, Default)]
         #vis struct #hidden {}
 
-        // Not recommended: a diagnostic about registering something else must not
-        // point users at the hidden type's name.
+        // No `#[diagnostic::do_not_recommend]` here: rustc cannot resolve a `diagnostic`
+        // attribute in a module with `#![no_implicit_prelude]`.
         #(#cfgs)*
         #[allow(deprecated)]
-        #[diagnostic::do_not_recommend]
         impl #private::TypedHandler for #hidden {
             fn serves(&self) -> &str {
                 #urn

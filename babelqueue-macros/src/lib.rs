@@ -79,8 +79,8 @@ use proc_macro::TokenStream;
 ///    fn's `Envelope` / `&Envelope` parameter;
 /// 2. hands the store, the key, the `ttl` and your original body (wrapped in a closure,
 ///    or an async closure for an `async fn`, so `return` and `?` mean what they meant) to
-///    the guard of `babelqueue-core` ([`guard_ttl`] / [`guard_async_ttl`], or
-///    [`guard_lease`] / [`guard_lease_async`] with `lease = ...`);
+///    the guard of `babelqueue-core` ([`Guard`]: its `run` for a sync fn, `run_async` for
+///    an `async fn`; in lease mode with `lease = ...`);
 /// 3. returns what the guard decided: your body's own result when it ran, `Ok(())` (or
 ///    `()`) when the key had been seen, the store's error (converted into yours) when the
 ///    store could not answer.
@@ -183,10 +183,7 @@ use proc_macro::TokenStream;
 /// [`DedupeKey`]: https://docs.rs/babelqueue/latest/babelqueue/trait.DedupeKey.html
 /// [`InFlight`]: https://docs.rs/babelqueue/latest/babelqueue/struct.InFlight.html
 /// [`PayloadMismatch`]: https://docs.rs/babelqueue/latest/babelqueue/struct.PayloadMismatch.html
-/// [`guard_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_ttl.html
-/// [`guard_async_ttl`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_async_ttl.html
-/// [`guard_lease`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_lease.html
-/// [`guard_lease_async`]: https://docs.rs/babelqueue/latest/babelqueue/fn.guard_lease_async.html
+/// [`Guard`]: https://docs.rs/babelqueue/latest/babelqueue/struct.Guard.html
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

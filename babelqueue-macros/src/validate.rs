@@ -3,6 +3,7 @@
 
 use proc_macro2::TokenStream;
 use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, Item, ItemFn, Pat, PathArguments, ReturnType, Signature, Type};
 
@@ -17,6 +18,10 @@ pub enum EnvRef {
     Shared,
     /// `env: &mut Envelope`
     Mut,
+    /// `env: Arc<Envelope>` (or `Box`, `Rc`), or a parameter named `env` / `envelope`
+    /// whose type is not spelled `Envelope` (a type alias): built from the envelope with
+    /// `From`, read through `macro_support::EnvelopeParam`.
+    Smart,
 }
 
 /// The envelope parameter of a handler.
@@ -163,13 +168,14 @@ fn needs_envelope(name: &str, args: &IdempotentArgs, env: Option<&EnvParam>, err
         let msg = match env {
             None => format!(
                 "a custom `key` is namespaced by the handler's URN (the envelope's `job`), but \
-                 `{name}` has no `Envelope` parameter; add one (`env: &Envelope`), or name the \
-                 namespace: `namespace = \"shipping\"` (or `namespace = none` for a bare key \
+                 `{name}` has no `Envelope` parameter; add one (`env: &Envelope`), put \
+                 `#[handler(\"urn:...\")]` on the fn (its URN is then the namespace), or name \
+                 the namespace: `namespace = \"{name}\"` (or `namespace = none` for a bare key \
                  shared with other handlers and SDKs)"
             ),
             Some(_) => "a custom `key` is namespaced by the handler's URN (the envelope's \
                         `job`), so the envelope parameter needs a name: write `env: &Envelope`, \
-                        or name the namespace (`namespace = \"shipping\"` or `namespace = none`)"
+                        or name the namespace (`namespace = \"...\"` or `namespace = none`)"
                 .to_owned(),
         };
         errors.push(syn::Error::new_spanned(key, msg));
@@ -215,14 +221,58 @@ fn combinations(args: &IdempotentArgs, errors: &mut Errors) {
     }
 }
 
-/// Every parameter whose type is `Envelope`, `&Envelope` or `&mut Envelope` (any path
-/// ending in `Envelope`).
+/// Every parameter whose type is `Envelope`, `&Envelope`, `&mut Envelope` or
+/// `Arc<Envelope>` (any path ending in `Envelope`); when there is none, the parameter
+/// named `env` or `envelope` (its type, e.g. an alias of `Envelope`, is checked by the
+/// compiler).
 fn envelope_params(sig: &Signature) -> Vec<EnvParam> {
+    let spelled = envelope_params_by(sig, |pt| envelope_ref(&pt.ty));
+    if !spelled.is_empty() {
+        return spelled;
+    }
+    envelope_params_by(sig, envelope_by_name)
+}
+
+/// Whether the fn has an envelope parameter with a name (which `#[idempotent]` can read
+/// the `job` from).
+pub fn has_named_envelope(sig: &Signature) -> bool {
+    envelope_params(sig).iter().any(|e| e.ident.is_some())
+}
+
+/// A parameter named `env` or `envelope` whose type is not an extractor (`Json<T>`, ...),
+/// as an envelope parameter.
+pub fn envelope_by_name(pt: &syn::PatType) -> Option<EnvRef> {
+    let Pat::Ident(p) = &*pt.pat else {
+        return None;
+    };
+    let name = p.ident.unraw().to_string();
+    if !matches!(name.as_str(), "env" | "envelope") || p.subpat.is_some() {
+        return None;
+    }
+    match peel(&pt.ty) {
+        Type::Reference(r) if r.mutability.is_some() => Some(EnvRef::Mut),
+        Type::Reference(_) => Some(EnvRef::Shared),
+        Type::Path(tp) if tp.qself.is_none() => {
+            let last = tp.path.segments.last()?;
+            let extractor = matches!(
+                last.ident.to_string().as_str(),
+                "Json" | "State" | "Attempts" | "Meta" | "String" | "Value" | "Option"
+            );
+            (!extractor).then_some(EnvRef::Smart)
+        }
+        _ => None,
+    }
+}
+
+fn envelope_params_by(
+    sig: &Signature,
+    by: impl Fn(&syn::PatType) -> Option<EnvRef>,
+) -> Vec<EnvParam> {
     sig.inputs
         .iter()
         .filter_map(|arg| match arg {
             FnArg::Typed(pt) => {
-                let by = envelope_ref(&pt.ty)?;
+                let by = by(pt)?;
                 let ident = match &*pt.pat {
                     Pat::Ident(p) if p.subpat.is_none() => Some(p.ident.clone()),
                     _ => None,
@@ -250,6 +300,20 @@ pub fn envelope_ref(ty: &Type) -> Option<EnvRef> {
             (false, _) => None,
         },
         _ if is_envelope_path(ty) => Some(EnvRef::Owned),
+        Type::Path(p) if p.qself.is_none() => {
+            // `Arc<Envelope>`, `Box<Envelope>`, `Rc<Envelope>` (any path ending in them).
+            let last = p.path.segments.last()?;
+            let smart = matches!(last.ident.to_string().as_str(), "Arc" | "Box" | "Rc");
+            let PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            match (smart, args.args.first(), args.args.len()) {
+                (true, Some(syn::GenericArgument::Type(inner)), 1) if is_envelope_path(inner) => {
+                    Some(EnvRef::Smart)
+                }
+                _ => None,
+            }
+        }
         _ => None,
     }
 }
@@ -440,6 +504,10 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
     }
     let mut args = Vec::new();
     let mut owned_envelopes = 0;
+    let spelled = sig
+        .inputs
+        .iter()
+        .any(|i| matches!(i, FnArg::Typed(pt) if envelope_ref(&pt.ty).is_some()));
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(recv) => {
@@ -452,8 +520,13 @@ pub fn handler(f: &ItemFn, errors: &mut Errors) -> Option<HandlerShape> {
                 ok = false;
             }
             FnArg::Typed(pt) => {
-                if let Some(by) = envelope_ref(&pt.ty) {
-                    if by == EnvRef::Owned {
+                let by = match envelope_ref(&pt.ty) {
+                    Some(by) => Some(by),
+                    None if !spelled => envelope_by_name(pt),
+                    None => None,
+                };
+                if let Some(by) = by {
+                    if matches!(by, EnvRef::Owned | EnvRef::Smart) {
                         owned_envelopes += 1;
                     }
                     args.push(HandlerArg::Envelope(by));

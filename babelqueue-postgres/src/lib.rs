@@ -35,6 +35,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod purge;
+mod statements;
 mod store;
 mod table;
 pub mod tls;

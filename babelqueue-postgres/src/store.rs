@@ -230,7 +230,7 @@ impl Statements {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use babelqueue_core::{guard_async, Envelope};
+/// use babelqueue_core::{Guard, Envelope};
 /// use babelqueue_postgres::PostgresStore;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -241,7 +241,7 @@ impl Statements {
 ///     .await?;
 /// store.migrate().await?; // CREATE TABLE IF NOT EXISTS …, idempotent
 /// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
-/// guard_async(&store, &env, async { Ok::<(), babelqueue_postgres::PostgresStoreError>(()) }).await?;
+/// Guard::new(&store).run_async(&env, async { Ok::<(), babelqueue_postgres::PostgresStoreError>(()) }).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -250,7 +250,7 @@ pub struct PostgresStore {
     table: TableName,
     sql: std::sync::Arc<Statements>,
     /// Statements of transactional mode, fingerprints and batched purges.
-    pub(crate) ext: std::sync::Arc<crate::txn::Statements>,
+    pub(crate) ext: std::sync::Arc<crate::statements::Statements>,
     pub(crate) ttl: Option<Duration>,
     call_timeout: Duration,
 }
@@ -457,7 +457,7 @@ impl PostgresStore {
         PostgresStore {
             pool,
             sql: std::sync::Arc::new(Statements::new(&table)),
-            ext: std::sync::Arc::new(crate::txn::Statements::new(&table)),
+            ext: std::sync::Arc::new(crate::statements::Statements::new(&table)),
             table,
             ttl: Some(DEFAULT_RETENTION),
             call_timeout: DEFAULT_STATEMENT_TIMEOUT + CLIENT_MARGIN,

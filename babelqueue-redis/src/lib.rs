@@ -13,13 +13,13 @@
 //! [`RedisConnection`]).
 //!
 //! ```no_run
-//! use babelqueue_core::{guard_async, Envelope};
+//! use babelqueue_core::{Guard, Envelope};
 //! use babelqueue_redis::RedisStore;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379/0").await?;
 //! let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
-//! guard_async(&store, &env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
+//! Guard::new(&store).run_async(&env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]

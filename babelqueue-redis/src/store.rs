@@ -197,7 +197,7 @@ babelqueue_core::handler_error_from!(RedisStoreError);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use babelqueue_core::{guard_async, AsyncStore, Envelope};
+/// use babelqueue_core::{Guard, AsyncStore, Envelope};
 /// use babelqueue_redis::RedisStore;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -207,7 +207,7 @@ babelqueue_core::handler_error_from!(RedisStoreError);
 ///     .connect()
 ///     .await?;
 /// let env = Envelope::new("urn:babel:payments:charge", serde_json::json!({"amount": 4200}))?;
-/// guard_async(&store, &env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
+/// Guard::new(&store).run_async(&env, async { Ok::<(), babelqueue_redis::RedisStoreError>(()) }).await?;
 /// assert!(store.seen(env.meta.id.as_str()).await?);
 /// # Ok(()) }
 /// ```

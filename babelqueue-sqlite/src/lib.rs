@@ -9,7 +9,7 @@
 //! [`AsyncLeaseStore`], so an async handler never blocks a worker thread on disk.
 //!
 //! ```
-//! use babelqueue_core::{guard, Store};
+//! use babelqueue_core::{Guard, Store};
 //! use babelqueue_sqlite::SqliteStore;
 //!
 //! let dir = std::env::temp_dir().join(format!("bq-doc-{}", std::process::id()));
@@ -19,7 +19,7 @@
 //! let store = SqliteStore::open(&path)?;
 //! let mut charged = 0;
 //! for _ in 0..2 {
-//!     guard(&store, "pay_7f3a", || -> Result<(), babelqueue_sqlite::SqliteStoreError> {
+//!     Guard::new(&store).run("pay_7f3a", || -> Result<(), babelqueue_sqlite::SqliteStoreError> {
 //!         charged += 1;
 //!         Ok(())
 //!     })?;

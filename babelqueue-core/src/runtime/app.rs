@@ -75,7 +75,7 @@ pub enum PublishError {
 ///
 /// ```
 /// use babelqueue_core::runtime::{App, InMemoryTransport};
-/// use babelqueue_core::{guard_async, Envelope, InMemoryStore};
+/// use babelqueue_core::{Guard, Envelope, InMemoryStore};
 /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// static STORE: std::sync::LazyLock<InMemoryStore> = std::sync::LazyLock::new(InMemoryStore::new);
@@ -86,7 +86,7 @@ pub enum PublishError {
 ///     .route_async("urn:babel:payments:charge", move |env: Envelope| {
 ///         let c = c.clone();
 ///         async move {
-///             guard_async(&*STORE, &env, async { c.fetch_add(1, Ordering::SeqCst); Ok::<(), std::io::Error>(()) })
+///             Guard::new(&*STORE).run_async(&env, async { c.fetch_add(1, Ordering::SeqCst); Ok::<(), std::io::Error>(()) })
 ///                 .await
 ///                 .map(|_| ())
 ///         }

@@ -9,8 +9,8 @@
 //!   unavailable store by type (the runtime, your own) sees exactly what a real outage
 //!   gives it.
 //! * [`Redelivery`] delivers one envelope *n* times, one after another or all at once,
-//!   through [`guard_async`](crate::guard_async) or
-//!   [`guard_lease_async`] and your handler, and reports what
+//!   through [`Guard::run_async`](crate::Guard) or
+//!   the lease-mode [`Guard`] (async) and your handler, and reports what
 //!   happened ([`Deliveries`]: effects, runs, skips, in-flight answers, errors).
 //!
 //! ```
@@ -51,7 +51,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::guard::{Outcome, guard_lease_async, guard_ttl_async};
+use crate::guard::{Guard, Guarded, Outcome};
 use crate::handler::BoxError;
 use crate::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
@@ -492,7 +492,7 @@ impl<'a> Redelivery<'a> {
         self
     }
 
-    /// Through the seen-set guard ([`guard_ttl_async`]).
+    /// Through the seen-set guard ([`Guard::run_async`](crate::Guard)).
     pub async fn through_guard<S, H, Fut>(self, store: &S, handler: H) -> Deliveries
     where
         S: AsyncStore + ?Sized,
@@ -504,18 +504,20 @@ impl<'a> Redelivery<'a> {
         let one = |_: usize| async {
             let env = self.envelope.clone();
             let fut = handler(env);
-            let r = guard_ttl_async(store, self.envelope, self.ttl, async {
-                effects.fetch_add(1, Ordering::SeqCst);
-                fut.await
-            })
-            .await;
+            let r = Guard::new(store)
+                .ttl(self.ttl)
+                .run_async(self.envelope, async {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    fut.await
+                })
+                .await;
             (to_result(r), 0)
         };
         let results = self.drive(one).await;
         self.report(effects.load(Ordering::SeqCst), results)
     }
 
-    /// Through the lease guard ([`guard_lease_async`]) with `lease`.
+    /// Through the lease guard (the lease-mode [`Guard`] (async)) with `lease`.
     pub async fn through_lease_guard<S, H, Fut>(
         self,
         store: &S,
@@ -533,11 +535,14 @@ impl<'a> Redelivery<'a> {
             let mut in_flight = 0;
             loop {
                 let fut = handler(self.envelope.clone());
-                let r = guard_lease_async(store, self.envelope, lease, self.ttl, async {
-                    effects.fetch_add(1, Ordering::SeqCst);
-                    fut.await
-                })
-                .await;
+                let r = Guard::new(store)
+                    .ttl(self.ttl)
+                    .lease(lease)
+                    .run_async(self.envelope, async {
+                        effects.fetch_add(1, Ordering::SeqCst);
+                        fut.await
+                    })
+                    .await;
                 let r = to_result(r);
                 match (&r, self.retry_in_flight) {
                     (DeliveryResult::InFlight, Some(every)) => {
@@ -585,8 +590,8 @@ impl<'a> Redelivery<'a> {
     }
 }
 
-fn to_result(r: Result<Outcome, BoxError>) -> DeliveryResult {
-    match r {
+fn to_result(r: Result<Guarded, BoxError>) -> DeliveryResult {
+    match r.map(Outcome::from) {
         Ok(Outcome::Ran) => DeliveryResult::Ran,
         Ok(Outcome::RanWithoutKey) => DeliveryResult::RanWithoutKey,
         Ok(Outcome::Skipped) => DeliveryResult::Skipped,

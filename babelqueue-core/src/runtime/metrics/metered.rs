@@ -13,19 +13,19 @@ use crate::store::{AsyncStore, Store};
 /// `babelqueue_store_errors_total{store, op}` (feature `metrics`), and otherwise behaves
 /// exactly like the store it wraps: it implements [`Store`], [`AsyncStore`],
 /// [`LeaseStore`] and [`AsyncLeaseStore`] whenever the inner store does, so it goes
-/// wherever the inner store went (`#[idempotent(store = …)]`, [`guard`](crate::guard()),
+/// wherever the inner store went (`#[idempotent(store = …)]`, [`Guard`](crate::Guard),
 /// [`DynStore`](crate::dyn_store::DynStore)).
 ///
 /// `op` is `seen`, `remember` (also for `remember_for`), `forget`, `claim`, `complete` or
 /// `release`; `store` is the name given to [`new`](Self::new).
 ///
 /// ```
-/// use babelqueue_core::{guard, Envelope, InMemoryStore};
+/// use babelqueue_core::{Guard, Envelope, InMemoryStore};
 /// use babelqueue_core::runtime::metrics::Metered;
 ///
 /// let store = Metered::new(InMemoryStore::new(), "memory");
 /// let env = Envelope::new("urn:babel:orders:created", serde_json::json!({}))?;
-/// guard(&store, &env, || ())?; // one `seen` and one `remember`, both timed
+/// Guard::new(&store).run(&env, || ())?; // one `seen` and one `remember`, both timed
 /// assert_eq!(store.name(), "memory");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
