@@ -39,11 +39,14 @@ pub mod lease;
 pub mod macro_support;
 pub mod memory;
 pub mod namespace;
+pub mod outbox;
 pub mod pipelined;
 pub mod prelude;
 mod renamed;
 pub mod retention;
 pub mod runtime;
+#[cfg(feature = "schema")]
+pub mod schema;
 #[doc(hidden)]
 pub mod sql;
 pub mod store;
