@@ -390,38 +390,47 @@ impl OutboxRelay {
     }
 
     /// Relays until `shutdown` completes, then returns the totals. A pass in progress is
-    /// finished first (never cut between a publish and its mark). Store errors are logged
-    /// and retried after the backoff; it never gives up.
+    /// finished first (never cut between a publish and its mark). After a pass that failed
+    /// on the store, or whose publishes all failed (the broker is down), it waits the
+    /// [`backoff`](Self::backoff) (growing with each such pass) instead of the poll; it
+    /// never gives up.
     pub async fn run<S>(&self, shutdown: S) -> RelayStats
     where
         S: Future<Output = ()> + Send,
     {
         let mut stats = RelayStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut store_failures: u32 = 0;
+        // Consecutive passes that failed on the store, or published nothing because the
+        // broker refused: the relay backs off instead of polling.
+        let mut failing_passes: u32 = 0;
         loop {
             let wait = match self.relay_once().await {
                 Ok(pass) => {
-                    store_failures = 0;
                     stats.add(pass);
-                    if pass.claimed == self.batch_size && pass.failed == 0 {
-                        None
+                    if pass.failed > 0 && pass.published == 0 {
+                        failing_passes = failing_passes.saturating_add(1);
+                        Wait::Backoff
                     } else {
-                        Some(false)
+                        failing_passes = 0;
+                        if pass.claimed == self.batch_size && pass.failed == 0 {
+                            Wait::None
+                        } else {
+                            Wait::Poll
+                        }
                     }
                 }
                 Err(e) => {
-                    store_failures = store_failures.saturating_add(1);
+                    failing_passes = failing_passes.saturating_add(1);
                     stats.store_errors += 1;
                     tracing::warn!(error = %error_chain(&e), "outbox relay pass failed");
-                    Some(true)
+                    Wait::Backoff
                 }
             };
             let deadline_wait = async {
                 match wait {
-                    None => tokio::task::yield_now().await,
-                    Some(false) => self.store.wait_for_rows(self.poll_interval).await,
-                    Some(true) => tokio::time::sleep(self.retry_delay(store_failures)).await,
+                    Wait::None => tokio::task::yield_now().await,
+                    Wait::Poll => self.store.wait_for_rows(self.poll_interval).await,
+                    Wait::Backoff => tokio::time::sleep(self.retry_delay(failing_passes)).await,
                 }
             };
             tokio::select! {
@@ -431,6 +440,12 @@ impl OutboxRelay {
             }
         }
     }
+}
+
+enum Wait {
+    None,
+    Poll,
+    Backoff,
 }
 
 fn reason(e: &dyn std::error::Error) -> String {
