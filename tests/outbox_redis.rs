@@ -31,7 +31,9 @@ struct Proxy {
 
 impl Proxy {
     async fn start(target: String) -> Proxy {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = Arc::new(AtomicBool::new(true));
         let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
@@ -104,8 +106,8 @@ impl Drop for Queue {
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 async fn a_redis_outage_loses_nothing_and_the_relay_resumes() {
     let url = redis_url();
-    let info: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-        .expect("a Redis URL");
+    let info: redis::ConnectionInfo =
+        redis::IntoConnectionInfo::into_connection_info(url.as_str()).expect("a Redis URL");
     let target = match info.addr() {
         redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
         other => panic!("this test proxies TCP only, not {other:?}"),
@@ -123,9 +125,12 @@ async fn a_redis_outage_loses_nothing_and_the_relay_resumes() {
     proxy.cut();
     let envs: Vec<Envelope> = (0..20)
         .map(|i| {
-            Envelope::new("urn:babel:orders:created", serde_json::json!({"order_id": i}))
-                .unwrap()
-                .with_queue(queue.0.clone())
+            Envelope::new(
+                "urn:babel:orders:created",
+                serde_json::json!({"order_id": i}),
+            )
+            .unwrap()
+            .with_queue(queue.0.clone())
         })
         .collect();
     let mut conn = babelqueue::sqlite::rusqlite::Connection::open(dir.join("shop.db")).unwrap();
@@ -155,9 +160,11 @@ async fn a_redis_outage_loses_nothing_and_the_relay_resumes() {
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
             let attempts: i64 = conn
-                .query_row("SELECT coalesce(sum(attempts), 0) FROM babelqueue_outbox", [], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT coalesce(sum(attempts), 0) FROM babelqueue_outbox",
+                    [],
+                    |r| r.get(0),
+                )
                 .unwrap();
             if attempts >= 3 {
                 break;
@@ -170,7 +177,11 @@ async fn a_redis_outage_loses_nothing_and_the_relay_resumes() {
     assert_eq!(outbox.pending().unwrap(), 20);
     let direct = RedisTransport::connect(&url).await.expect("Redis");
     assert!(
-        direct.reserve(&queue.0, Duration::ZERO).await.unwrap().is_none(),
+        direct
+            .reserve(&queue.0, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
         "nothing reached Redis while it was cut off"
     );
 
@@ -189,7 +200,10 @@ async fn a_redis_outage_loses_nothing_and_the_relay_resumes() {
     // Every row reached Redis exactly once, byte for byte.
     let mut got = HashSet::new();
     while let Some(d) = direct.reserve(&queue.0, Duration::ZERO).await.unwrap() {
-        assert!(got.insert(d.element().to_vec()), "a row was published twice");
+        assert!(
+            got.insert(d.element().to_vec()),
+            "a row was published twice"
+        );
         direct.ack(&d).await.unwrap();
     }
     let want: HashSet<Vec<u8>> = envs.iter().map(Envelope::encode).collect();

@@ -62,7 +62,10 @@ fn read_block(dir: &Path) -> Result<Block, String> {
         .ok_or("`payload_schema.cases` is not an array")?
         .iter()
         .map(|c| {
-            let name = c.get("name").and_then(Value::as_str).ok_or("a case without a name")?;
+            let name = c
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or("a case without a name")?;
             let valid = c
                 .get("valid")
                 .and_then(Value::as_bool)
@@ -118,10 +121,8 @@ struct Registry(PathBuf);
 
 impl Registry {
     fn new(tag: &str, schema: &Value) -> Registry {
-        let dir = std::env::temp_dir().join(format!(
-            "bq-schema-registry-{tag}-{}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("bq-schema-registry-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("orders")).unwrap();
         std::fs::write(
@@ -162,31 +163,42 @@ fn dir_provider_trials(block: Option<&Block>) -> Vec<Trial> {
         None => (
             local_schema(),
             vec![
-                ("valid".to_owned(), true, json!({"order_id": 3, "currency": "EUR"})),
+                (
+                    "valid".to_owned(),
+                    true,
+                    json!({"order_id": 3, "currency": "EUR"}),
+                ),
                 ("below-minimum".to_owned(), false, json!({"order_id": 0})),
-                ("additional".to_owned(), false, json!({"order_id": 3, "x": 1})),
+                (
+                    "additional".to_owned(),
+                    false,
+                    json!({"order_id": 3, "x": 1}),
+                ),
             ],
         ),
     };
     vec![
-        Trial::test("dir_provider::verdicts_from_a_registry_in_a_temp_dir", move || {
-            let reg = Registry::new("verdicts", &schema);
-            let provider = DirProvider::open(reg.0.join("registry.json"))?;
-            let mut urns: Vec<&str> = provider.urns().collect();
-            urns.sort_unstable();
-            if urns != [URN, "urn:babel:orders:missing"] {
-                return Err(format!("urns {urns:?}").into());
-            }
-            let schemas = Schemas::new(provider);
-            for (name, valid, data) in &cases {
-                if verdict(&schemas, data)? != *valid {
-                    return Err(format!("case {name}: the verdict is not {valid}").into());
+        Trial::test(
+            "dir_provider::verdicts_from_a_registry_in_a_temp_dir",
+            move || {
+                let reg = Registry::new("verdicts", &schema);
+                let provider = DirProvider::open(reg.0.join("registry.json"))?;
+                let mut urns: Vec<&str> = provider.urns().collect();
+                urns.sort_unstable();
+                if urns != [URN, "urn:babel:orders:missing"] {
+                    return Err(format!("urns {urns:?}").into());
                 }
-            }
-            // A URN the manifest does not list is not checked.
-            schemas.validate("urn:babel:unlisted", &json!({"anything": 1}))?;
-            Ok(())
-        }),
+                let schemas = Schemas::new(provider);
+                for (name, valid, data) in &cases {
+                    if verdict(&schemas, data)? != *valid {
+                        return Err(format!("case {name}: the verdict is not {valid}").into());
+                    }
+                }
+                // A URN the manifest does not list is not checked.
+                schemas.validate("urn:babel:unlisted", &json!({"anything": 1}))?;
+                Ok(())
+            },
+        ),
         Trial::test("dir_provider::a_missing_schema_file_is_an_error", || {
             let reg = Registry::new("missing", &local_schema());
             let schemas = Schemas::new(DirProvider::open(reg.0.join("registry.json"))?);
@@ -283,33 +295,143 @@ fn python() -> PathBuf {
 fn edge_cases() -> Vec<(&'static str, Value, Value)> {
     let obj = |props: Value| json!({"type": "object", "properties": props});
     vec![
-        ("integer_written_7_0", obj(json!({"n": {"type": "integer"}})), json!({"n": 7.0})),
-        ("integer_fraction", obj(json!({"n": {"type": "integer"}})), json!({"n": 7.5})),
-        ("bool_is_not_integer", obj(json!({"n": {"type": "integer"}})), json!({"n": true})),
-        ("bool_is_not_number", obj(json!({"n": {"type": "number"}})), json!({"n": false})),
-        ("max_length_ignored", obj(json!({"s": {"type": "string", "maxLength": 1}})), json!({"s": "long"})),
-        ("pattern_ignored", obj(json!({"s": {"type": "string", "pattern": "^x$"}})), json!({"s": "y"})),
-        ("one_of_ignored", json!({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}), json!({})),
-        ("required_without_type_ignored", json!({"required": ["a"]}), json!({})),
-        ("minimum_without_type_ignored", obj(json!({"n": {"minimum": 5}})), json!({"n": 1})),
-        ("min_length_without_type_ignored", obj(json!({"s": {"minLength": 5}})), json!({"s": "a"})),
-        ("min_length_counts_chars", obj(json!({"s": {"type": "string", "minLength": 2}})), json!({"s": "é"})),
-        ("min_length_met", obj(json!({"s": {"type": "string", "minLength": 2}})), json!({"s": "éé"})),
-        ("additional_schema_does_not_restrict", json!({"type": "object", "properties": {}, "additionalProperties": {"type": "string"}}), json!({"x": 1})),
-        ("additional_false_restricts", json!({"type": "object", "properties": {"a": {}}, "additionalProperties": false}), json!({"a": 1, "b": 2})),
-        ("nested_items", obj(json!({"l": {"type": "array", "items": {"type": "object", "required": ["sku"]}}})), json!({"l": [{"sku": 1}, {}]})),
-        ("items_ok", obj(json!({"l": {"type": "array", "items": {"type": "integer", "minimum": 0}}})), json!({"l": [0, 1, 2]})),
-        ("not_an_array", obj(json!({"l": {"type": "array"}})), json!({"l": {}})),
-        ("const_string", obj(json!({"k": {"const": "v1"}})), json!({"k": "v2"})),
-        ("const_object", obj(json!({"k": {"const": {"a": [1, 2]}}})), json!({"k": {"a": [1, 2]}})),
-        ("enum_null", obj(json!({"k": {"enum": [null, "x"]}})), json!({"k": null})),
-        ("enum_bool_vs_int", obj(json!({"k": {"enum": [1]}})), json!({"k": true})),
-        ("null_type", obj(json!({"k": {"type": "null"}})), json!({"k": 0})),
-        ("unknown_type_ignored", obj(json!({"k": {"type": "decimal"}})), json!({"k": "x"})),
-        ("type_list_ignored", obj(json!({"k": {"type": ["string", "null"]}})), json!({"k": 5})),
-        ("minimum_negative_ok", obj(json!({"n": {"type": "number", "minimum": -1.5}})), json!({"n": -1.5})),
-        ("minimum_below", obj(json!({"n": {"type": "number", "minimum": -1.5}})), json!({"n": -1.6})),
-        ("deep_object", obj(json!({"a": {"type": "object", "properties": {"b": {"type": "object", "required": ["c"]}}}})), json!({"a": {"b": {}}})),
+        (
+            "integer_written_7_0",
+            obj(json!({"n": {"type": "integer"}})),
+            json!({"n": 7.0}),
+        ),
+        (
+            "integer_fraction",
+            obj(json!({"n": {"type": "integer"}})),
+            json!({"n": 7.5}),
+        ),
+        (
+            "bool_is_not_integer",
+            obj(json!({"n": {"type": "integer"}})),
+            json!({"n": true}),
+        ),
+        (
+            "bool_is_not_number",
+            obj(json!({"n": {"type": "number"}})),
+            json!({"n": false}),
+        ),
+        (
+            "max_length_ignored",
+            obj(json!({"s": {"type": "string", "maxLength": 1}})),
+            json!({"s": "long"}),
+        ),
+        (
+            "pattern_ignored",
+            obj(json!({"s": {"type": "string", "pattern": "^x$"}})),
+            json!({"s": "y"}),
+        ),
+        (
+            "one_of_ignored",
+            json!({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}),
+            json!({}),
+        ),
+        (
+            "required_without_type_ignored",
+            json!({"required": ["a"]}),
+            json!({}),
+        ),
+        (
+            "minimum_without_type_ignored",
+            obj(json!({"n": {"minimum": 5}})),
+            json!({"n": 1}),
+        ),
+        (
+            "min_length_without_type_ignored",
+            obj(json!({"s": {"minLength": 5}})),
+            json!({"s": "a"}),
+        ),
+        (
+            "min_length_counts_chars",
+            obj(json!({"s": {"type": "string", "minLength": 2}})),
+            json!({"s": "é"}),
+        ),
+        (
+            "min_length_met",
+            obj(json!({"s": {"type": "string", "minLength": 2}})),
+            json!({"s": "éé"}),
+        ),
+        (
+            "additional_schema_does_not_restrict",
+            json!({"type": "object", "properties": {}, "additionalProperties": {"type": "string"}}),
+            json!({"x": 1}),
+        ),
+        (
+            "additional_false_restricts",
+            json!({"type": "object", "properties": {"a": {}}, "additionalProperties": false}),
+            json!({"a": 1, "b": 2}),
+        ),
+        (
+            "nested_items",
+            obj(json!({"l": {"type": "array", "items": {"type": "object", "required": ["sku"]}}})),
+            json!({"l": [{"sku": 1}, {}]}),
+        ),
+        (
+            "items_ok",
+            obj(json!({"l": {"type": "array", "items": {"type": "integer", "minimum": 0}}})),
+            json!({"l": [0, 1, 2]}),
+        ),
+        (
+            "not_an_array",
+            obj(json!({"l": {"type": "array"}})),
+            json!({"l": {}}),
+        ),
+        (
+            "const_string",
+            obj(json!({"k": {"const": "v1"}})),
+            json!({"k": "v2"}),
+        ),
+        (
+            "const_object",
+            obj(json!({"k": {"const": {"a": [1, 2]}}})),
+            json!({"k": {"a": [1, 2]}}),
+        ),
+        (
+            "enum_null",
+            obj(json!({"k": {"enum": [null, "x"]}})),
+            json!({"k": null}),
+        ),
+        (
+            "enum_bool_vs_int",
+            obj(json!({"k": {"enum": [1]}})),
+            json!({"k": true}),
+        ),
+        (
+            "null_type",
+            obj(json!({"k": {"type": "null"}})),
+            json!({"k": 0}),
+        ),
+        (
+            "unknown_type_ignored",
+            obj(json!({"k": {"type": "decimal"}})),
+            json!({"k": "x"}),
+        ),
+        (
+            "type_list_ignored",
+            obj(json!({"k": {"type": ["string", "null"]}})),
+            json!({"k": 5}),
+        ),
+        (
+            "minimum_negative_ok",
+            obj(json!({"n": {"type": "number", "minimum": -1.5}})),
+            json!({"n": -1.5}),
+        ),
+        (
+            "minimum_below",
+            obj(json!({"n": {"type": "number", "minimum": -1.5}})),
+            json!({"n": -1.6}),
+        ),
+        (
+            "deep_object",
+            obj(
+                json!({"a": {"type": "object", "properties": {"b": {"type": "object", "required": ["c"]}}}}),
+            ),
+            json!({"a": {"b": {}}}),
+        ),
     ]
 }
 
@@ -339,7 +461,12 @@ fn python_trials() -> Result<Vec<Trial>, String> {
         .map_err(|e| format!("{}: {e}", py.display()))?;
     {
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(&input).map_err(|e| e.to_string())?;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&input)
+            .map_err(|e| e.to_string())?;
     }
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     if !out.status.success() {

@@ -695,7 +695,10 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1001)).await;
         let stats = relay.drain().await.unwrap();
         assert_eq!(stats.published, 2);
-        assert_eq!(drain_queue(&inner, "q").await, [b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(
+            drain_queue(&inner, "q").await,
+            [b"a".to_vec(), b"b".to_vec()]
+        );
         assert_eq!(outbox.pending(), 0);
     }
 
@@ -717,11 +720,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(first.len(), 1);
-        assert!(outbox
-            .fetch_unpublished(10, Duration::from_secs(5))
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(
+            outbox
+                .fetch_unpublished(10, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(
             outbox

@@ -459,7 +459,7 @@ impl Schemas {
 }
 
 /// Producer-side checks (issue 22): the `App` half of payload schemas. Only the field
-/// `App::schemas`, its initialisation and the one call in [`App::publish`] live in
+/// `App::schemas`, its initialisation and the one call in [`App::publish`](crate::runtime::App::publish) live in
 /// `runtime/app.rs`.
 impl crate::runtime::App {
     /// Validates every payload [`publish`](Self::publish) sends against its URN's schema
@@ -540,7 +540,8 @@ fn family_subset(schema: &Value) -> Value {
     match ty {
         "object" => {
             if let Some(Value::Array(required)) = node.get("required") {
-                let names: Vec<Value> = required.iter().filter(|r| r.is_string()).cloned().collect();
+                let names: Vec<Value> =
+                    required.iter().filter(|r| r.is_string()).cloned().collect();
                 if !names.is_empty() {
                     out.insert("required".into(), Value::Array(names));
                 }
@@ -566,10 +567,11 @@ fn family_subset(schema: &Value) -> Value {
         }
         "string" => {
             // The family truncates a fractional minLength and ignores a negative one.
-            if let Some(n) = node.get("minLength").and_then(Value::as_f64) {
-                if n >= 1.0 && n.is_finite() {
-                    out.insert("minLength".into(), Value::from(n.trunc() as u64));
-                }
+            if let Some(n) = node.get("minLength").and_then(Value::as_f64)
+                && n >= 1.0
+                && n.is_finite()
+            {
+                out.insert("minLength".into(), Value::from(n.trunc() as u64));
             }
         }
         "integer" | "number" => {
@@ -632,7 +634,10 @@ mod tests {
             "properties": {"sku": {"type": "string", "minLength": 2}},
             "additionalProperties": false}}}});
         assert_eq!(
-            rule_of(family(s.clone(), json!({"items": [{"sku": "ab"}, {"sku": "a"}]}))),
+            rule_of(family(
+                s.clone(),
+                json!({"items": [{"sku": "ab"}, {"sku": "a"}]})
+            )),
             ("/items/1/sku".into(), "minLength".into())
         );
         assert_eq!(

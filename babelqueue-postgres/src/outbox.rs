@@ -225,12 +225,19 @@ impl PostgresOutbox {
 
     /// Writes `envelope` into the outbox **in `tx`** (queue: `meta.queue`, else
     /// `default`); returns the row id. Nothing is visible to a relay until `tx` commits.
-    pub async fn save(&self, tx: &Transaction<'_>, envelope: &Envelope) -> Result<i64, OutboxError> {
+    pub async fn save(
+        &self,
+        tx: &Transaction<'_>,
+        envelope: &Envelope,
+    ) -> Result<i64, OutboxError> {
         #[cfg(feature = "schema")]
         let (bytes, queue) =
             babelqueue_core::outbox::encode_checked(envelope, self.schemas.as_deref())?;
         #[cfg(not(feature = "schema"))]
-        let (bytes, queue) = (envelope.encode(), babelqueue_core::outbox::queue_of(envelope));
+        let (bytes, queue) = (
+            envelope.encode(),
+            babelqueue_core::outbox::queue_of(envelope),
+        );
         self.save_encoded(tx, &bytes, queue).await
     }
 
@@ -381,7 +388,10 @@ impl OutboxStore for PostgresOutbox {
         Box::pin(async move {
             let err = |e| OutboxError::store("mark_published", e);
             let client = self.client("mark_published").await?;
-            let stmt = client.prepare_cached(&self.sql.published).await.map_err(err)?;
+            let stmt = client
+                .prepare_cached(&self.sql.published)
+                .await
+                .map_err(err)?;
             client.execute(&stmt, &[&ids]).await.map_err(err)?;
             Ok(())
         })
@@ -409,7 +419,10 @@ impl OutboxStore for PostgresOutbox {
         Box::pin(async move {
             let err = |e| OutboxError::store("release", e);
             let client = self.client("release").await?;
-            let stmt = client.prepare_cached(&self.sql.release).await.map_err(err)?;
+            let stmt = client
+                .prepare_cached(&self.sql.release)
+                .await
+                .map_err(err)?;
             client.execute(&stmt, &[&ids]).await.map_err(err)?;
             Ok(())
         })

@@ -64,7 +64,10 @@ impl Fixture {
     async fn orders(&self) -> i64 {
         let client = self.store.pool().get().await.unwrap();
         client
-            .query_one(&format!("SELECT count(*) FROM \"{}_orders\"", self.name), &[])
+            .query_one(
+                &format!("SELECT count(*) FROM \"{}_orders\"", self.name),
+                &[],
+            )
             .await
             .unwrap()
             .get(0)
@@ -84,9 +87,12 @@ impl Fixture {
 }
 
 fn order(id: i64) -> Envelope {
-    Envelope::new("urn:babel:orders:created", serde_json::json!({"order_id": id}))
-        .unwrap()
-        .with_queue("orders")
+    Envelope::new(
+        "urn:babel:orders:created",
+        serde_json::json!({"order_id": id}),
+    )
+    .unwrap()
+    .with_queue("orders")
 }
 
 async fn drain_queue(t: &InMemoryTransport, queue: &str) -> Vec<Vec<u8>> {
@@ -104,9 +110,12 @@ async fn a_rolled_back_write_leaves_no_message() {
     let f = Fixture::new("rb").await;
     let mut client = f.store.pool().get().await.unwrap();
     let tx = client.transaction().await.unwrap();
-    tx.execute(&format!("INSERT INTO \"{}_orders\" VALUES (1)", f.name), &[])
-        .await
-        .unwrap();
+    tx.execute(
+        &format!("INSERT INTO \"{}_orders\" VALUES (1)", f.name),
+        &[],
+    )
+    .await
+    .unwrap();
     f.outbox.save(&tx, &order(1)).await.unwrap();
     tx.rollback().await.unwrap();
     drop(client);
@@ -127,9 +136,12 @@ async fn a_committed_write_is_relayed_once_byte_identical() {
     let env = order(7);
     let mut client = f.store.pool().get().await.unwrap();
     let tx = client.transaction().await.unwrap();
-    tx.execute(&format!("INSERT INTO \"{}_orders\" VALUES (7)", f.name), &[])
-        .await
-        .unwrap();
+    tx.execute(
+        &format!("INSERT INTO \"{}_orders\" VALUES (7)", f.name),
+        &[],
+    )
+    .await
+    .unwrap();
     let id = f.outbox.save(&tx, &env).await.unwrap();
     // Uncommitted: invisible to a relay.
     let t = InMemoryTransport::new();
@@ -161,7 +173,13 @@ async fn a_committed_write_is_relayed_once_byte_identical() {
     assert_eq!(row.get::<_, String>(2), "orders");
     drop(client);
     // Purging keeps rows published less than a minute ago, then removes them.
-    assert_eq!(f.outbox.purge_published(Duration::from_secs(60)).await.unwrap(), 0);
+    assert_eq!(
+        f.outbox
+            .purge_published(Duration::from_secs(60))
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(f.outbox.purge_published(Duration::ZERO).await.unwrap(), 1);
     f.cleanup().await;
 }
@@ -181,9 +199,7 @@ async fn a_guarded_handler_writes_remembers_and_enqueues_atomically() {
             .transaction(&incoming, async |tx| {
                 tx.execute(&format!("INSERT INTO \"{table}\" VALUES (100)"), &[])
                     .await?;
-                outbox
-                    .save(tx, &order(100).continuing(&incoming))
-                    .await?;
+                outbox.save(tx, &order(100).continuing(&incoming)).await?;
                 Ok::<(), BoxError>(())
             })
             .await
@@ -260,13 +276,19 @@ async fn three_relays_publish_each_of_5000_rows_once() {
         let got = drain_queue(t, "bulk").await;
         relays_that_published += usize::from(!got.is_empty());
         // Order per relay is kept: each relay's rows arrive in increasing id order.
-        assert!(got.windows(2).all(|w| w[0] < w[1]), "a relay reordered rows");
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "a relay reordered rows"
+        );
         for row in got {
             assert!(seen.insert(row), "a row was published twice");
         }
     }
     assert_eq!(seen.len(), ROWS);
-    assert!(relays_that_published >= 2, "the relays did not run concurrently");
+    assert!(
+        relays_that_published >= 2,
+        "the relays did not run concurrently"
+    );
     assert_eq!(f.outbox.pending().await.unwrap(), 0);
     f.cleanup().await;
 }
@@ -446,7 +468,11 @@ async fn an_expired_claim_is_relayed_by_another_relay() {
     assert_eq!(claimed.len(), 1);
     let t = InMemoryTransport::new();
     let relay = OutboxRelay::new(f.outbox.clone(), Arc::new(t.clone()));
-    assert_eq!(relay.drain().await.unwrap().published, 0, "claimed rows are skipped");
+    assert_eq!(
+        relay.drain().await.unwrap().published,
+        0,
+        "claimed rows are skipped"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(relay.drain().await.unwrap().published, 1);
     assert_eq!(t.len("orders"), 1);

@@ -179,7 +179,8 @@ impl SqliteOutbox {
 
     /// Creates this outbox's table in the database of `conn` if missing (idempotent).
     pub fn migrate(&self, conn: &Connection) -> Result<(), OutboxError> {
-        conn.execute_batch(&self.sql.ddl).map_err(store_err("migrate"))
+        conn.execute_batch(&self.sql.ddl)
+            .map_err(store_err("migrate"))
     }
 
     /// The database file.
@@ -204,7 +205,10 @@ impl SqliteOutbox {
         let (bytes, queue) =
             babelqueue_core::outbox::encode_checked(envelope, self.schemas.as_deref())?;
         #[cfg(not(feature = "schema"))]
-        let (bytes, queue) = (envelope.encode(), babelqueue_core::outbox::queue_of(envelope));
+        let (bytes, queue) = (
+            envelope.encode(),
+            babelqueue_core::outbox::queue_of(envelope),
+        );
         self.save_encoded(tx, &bytes, queue)
     }
 
@@ -231,7 +235,8 @@ impl SqliteOutbox {
 
     /// Deletes rows published more than `older_than` ago; returns how many. Blocking.
     pub fn purge_published(&self, older_than: Duration) -> Result<usize, OutboxError> {
-        let cutoff = now_ms().saturating_sub(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX));
+        let cutoff =
+            now_ms().saturating_sub(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX));
         self.lock()
             .execute(&self.sql.purge, [cutoff])
             .map_err(store_err("purge_published"))
@@ -341,7 +346,10 @@ mod tests {
     #[test]
     fn ddl_is_rendered_for_the_table_and_bad_names_refused() {
         let sql = Sql::new("shop_outbox");
-        assert!(sql.ddl.contains("CREATE TABLE IF NOT EXISTS \"shop_outbox\" ("));
+        assert!(
+            sql.ddl
+                .contains("CREATE TABLE IF NOT EXISTS \"shop_outbox\" (")
+        );
         assert!(sql.ddl.contains("\"shop_outbox_unpublished_idx\""));
         assert!(!sql.ddl.contains("babelqueue_outbox"));
         let dir = std::env::temp_dir().join(format!("bq-outbox-name-{}", std::process::id()));

@@ -56,9 +56,12 @@ impl Drop for Db {
 }
 
 fn order(id: i64) -> Envelope {
-    Envelope::new("urn:babel:orders:created", serde_json::json!({"order_id": id}))
-        .unwrap()
-        .with_queue("orders")
+    Envelope::new(
+        "urn:babel:orders:created",
+        serde_json::json!({"order_id": id}),
+    )
+    .unwrap()
+    .with_queue("orders")
 }
 
 async fn drain_queue(t: &InMemoryTransport, queue: &str) -> Vec<Vec<u8>> {
@@ -144,7 +147,7 @@ async fn a_guarded_handler_writes_remembers_and_enqueues_atomically() {
         );
     }
     let err = store
-        .transaction(&order(2), |tx| {
+        .transaction(order(2), |tx| {
             outbox.save(tx, &order(200))?;
             Err::<(), BoxError>("payment declined".into())
         })
@@ -196,13 +199,19 @@ async fn three_relays_publish_each_of_5000_rows_once() {
     for t in &transports {
         let got = drain_queue(t, "bulk").await;
         relays_that_published += usize::from(!got.is_empty());
-        assert!(got.windows(2).all(|w| w[0] < w[1]), "a relay reordered rows");
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "a relay reordered rows"
+        );
         for row in got {
             assert!(seen.insert(row), "a row was published twice");
         }
     }
     assert_eq!(seen.len(), ROWS);
-    assert!(relays_that_published >= 2, "the relays did not run concurrently");
+    assert!(
+        relays_that_published >= 2,
+        "the relays did not run concurrently"
+    );
     assert_eq!(writer.pending().unwrap(), 0);
 }
 
@@ -331,7 +340,11 @@ async fn an_expired_claim_is_relayed_by_another_relay() {
     let other = SqliteOutbox::open(&db.path).unwrap();
     let t = InMemoryTransport::new();
     let relay = OutboxRelay::new(other, Arc::new(t.clone()));
-    assert_eq!(relay.drain().await.unwrap().published, 0, "claimed rows are skipped");
+    assert_eq!(
+        relay.drain().await.unwrap().published,
+        0,
+        "claimed rows are skipped"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(relay.drain().await.unwrap().published, 1);
     assert_eq!(t.len("orders"), 1);
