@@ -443,11 +443,18 @@ impl OutboxStore for PostgresOutbox {
 mod tests {
     use super::*;
 
+    /// A pool that never connects (building one opens no connection).
+    fn idle_pool() -> Pool {
+        let mut config = deadpool_postgres::Config::new();
+        config.dbname = Some("unused".into());
+        config
+            .create_pool(None, NoTls)
+            .expect("a pool without connections")
+    }
+
     #[test]
     fn ddl_is_rendered_for_the_table() {
-        let pool = deadpool_postgres::Config::new()
-            .create_pool(None, NoTls)
-            .expect("a pool without connections");
+        let pool = idle_pool();
         let o = PostgresOutbox::with_table(pool, "Shop.Outbox").unwrap();
         let ddl = o.ddl();
         assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"outbox\" ("));
@@ -458,9 +465,7 @@ mod tests {
 
     #[test]
     fn invalid_table_names_are_refused() {
-        let pool = deadpool_postgres::Config::new()
-            .create_pool(None, NoTls)
-            .expect("a pool without connections");
+        let pool = idle_pool();
         assert!(PostgresOutbox::with_table(pool, "x; DROP TABLE y").is_err());
     }
 }
