@@ -64,7 +64,9 @@ async fn run() -> Result<bool, BoxError> {
         .fetch_unpublished(100, Duration::from_millis(200))
         .await?;
     for row in &claimed {
-        transport.publish_raw(&row.queue, row.payload.clone()).await?;
+        transport
+            .publish_raw(&row.queue, row.payload.clone())
+            .await?;
     }
     println!(
         "relay 1: published {} row(s), then crashed before marking them",
@@ -84,16 +86,18 @@ async fn run() -> Result<bool, BoxError> {
     // The consumer ships each order once, whatever the queue delivers.
     let shipped = Arc::new(AtomicU32::new(0));
     let store = Arc::new(InMemoryStore::new());
-    let app = App::new(transport.clone()).queue("orders").route_sync(CREATED, {
-        let (shipped, store) = (shipped.clone(), store.clone());
-        move |env: &Envelope| {
-            guard(&*store, env, || {
-                shipped.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), BoxError>(())
-            })
-            .map(|_| ())
-        }
-    });
+    let app = App::new(transport.clone())
+        .queue("orders")
+        .route_sync(CREATED, {
+            let (shipped, store) = (shipped.clone(), store.clone());
+            move |env: &Envelope| {
+                guard(&*store, env, || {
+                    shipped.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), BoxError>(())
+                })
+                .map(|_| ())
+            }
+        });
     let consumed = app.drain().await?;
     let shipped = shipped.load(Ordering::SeqCst);
     println!(
