@@ -7,6 +7,7 @@
 //! babelqueue dlq recover-poison payments --to payments.poison
 //! babelqueue doctor postgres://app@db/app
 //! babelqueue processing recover-legacy payments --yes
+//! babelqueue outbox relay postgres://app@db/app --broker redis://broker:6379/0
 //! ```
 //!
 //! Exit codes: 0 success, 1 error (connection, command, bad data), 2 usage error,
@@ -14,6 +15,7 @@
 
 mod doctor;
 mod envelope;
+mod outbox;
 mod redis_cmds;
 mod report;
 
@@ -53,6 +55,42 @@ enum Command {
     /// Processing lists (messages reserved by consumers).
     #[command(subcommand)]
     Processing(ProcessingCommand),
+    /// Transactional outbox: publish the rows applications wrote in their own
+    /// transactions.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// Publishes the outbox's rows to the broker, byte for byte, marking each published
+    /// once Redis accepted it; failures are recorded on the row and retried with backoff.
+    /// Several relays may run at once (each row goes to one of them).
+    Relay {
+        /// The database holding the outbox: `postgres://…` (woken by LISTEN/NOTIFY), or
+        /// `sqlite:<path>` (polled).
+        db_url: String,
+        /// Redis URL of the broker to publish to (`redis://`, or `rediss://` for TLS).
+        #[arg(
+            long,
+            env = "BROKER_URL",
+            default_value = "redis://127.0.0.1:6379/0",
+            value_name = "URL"
+        )]
+        broker: String,
+        /// The outbox table.
+        #[arg(long, default_value = "babelqueue_outbox")]
+        table: String,
+        /// Rows claimed per pass.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Longest wait between passes when the outbox is empty, in milliseconds.
+        #[arg(long, default_value_t = 200, value_name = "MS")]
+        poll_ms: u64,
+        /// Publish what is due, then exit (default: run until Ctrl-C).
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -328,6 +366,29 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             let mut conn = redis_cmds::connect(&broker.url).await?;
             let moved = redis_cmds::recover_legacy(&mut conn, &queue).await?;
             println!("moved {moved} message(s) from {list} back to {queue}");
+            Ok(0)
+        }
+        Command::Outbox(OutboxCommand::Relay {
+            db_url,
+            broker,
+            table,
+            batch,
+            poll_ms,
+            once,
+        }) => {
+            let stats = outbox::relay(&outbox::Settings {
+                db_url,
+                broker,
+                table,
+                batch,
+                poll: std::time::Duration::from_millis(poll_ms),
+                once,
+            })
+            .await?;
+            println!(
+                "published {} row(s), {} failed publish(es) recorded",
+                stats.published, stats.failed
+            );
             Ok(0)
         }
     }

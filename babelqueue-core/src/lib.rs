@@ -41,10 +41,13 @@ pub mod macro_support;
 pub mod memory;
 pub mod namespace;
 mod outcome;
+pub mod outbox;
 pub mod pipelined;
 pub mod prelude;
 pub mod retention;
 pub mod runtime;
+#[cfg(feature = "schema")]
+pub mod schema;
 #[doc(hidden)]
 pub mod sql;
 pub mod store;

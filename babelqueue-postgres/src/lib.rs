@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod outbox;
 mod purge;
 mod statements;
 mod store;
@@ -41,6 +42,7 @@ mod table;
 pub mod tls;
 mod txn;
 
+pub use outbox::{DEFAULT_OUTBOX_TABLE, OUTBOX_DDL, PostgresOutbox};
 pub use purge::{DEFAULT_PURGE_BATCH, PurgeReport, Purger};
 pub use store::{PostgresStore, PostgresStoreBuilder, PostgresStoreError};
 pub use table::{DDL, DEFAULT_TABLE, InvalidTableName, TableName};

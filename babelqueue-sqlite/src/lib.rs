@@ -49,9 +49,11 @@ use babelqueue_core::{
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+mod outbox;
 mod purge;
 mod txn;
 
+pub use outbox::{DEFAULT_OUTBOX_TABLE, OUTBOX_DDL, SqliteOutbox};
 pub use purge::{DEFAULT_PURGE_BATCH, PurgeReport, Purger};
 
 /// The default table name (the PostgreSQL table's name).

@@ -29,6 +29,12 @@ pub enum PublishError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    // issue 22 (payload schemas, `crate::schema`): the one variant of this file it adds.
+    /// The payload breaks the schema registered for its URN, or that schema could not be
+    /// loaded (see [`App::schemas`]); nothing was published.
+    #[cfg(feature = "schema")]
+    #[error(transparent)]
+    Schema(#[from] crate::schema::SchemaError),
 }
 
 /// A consumer over a [`Transport`]: reserves messages from one queue and, per message,
@@ -107,6 +113,9 @@ pub struct App {
     pub(crate) router: Arc<Router>,
     pub(crate) config: Config,
     pub(crate) observer: Option<Observer>,
+    // issue 22 (payload schemas): set by `App::schemas` (in `crate::schema`).
+    #[cfg(feature = "schema")]
+    pub(crate) schemas: Option<Arc<crate::schema::Schemas>>,
 }
 
 impl std::fmt::Debug for App {
@@ -156,6 +165,8 @@ impl App {
                 max_recoveries: 3,
             },
             observer: None,
+            #[cfg(feature = "schema")]
+            schemas: None,
         }
     }
 
@@ -455,6 +466,9 @@ impl App {
         payload: &T,
     ) -> Result<Envelope, PublishError> {
         let env = Envelope::from_payload(urn, payload)?.with_queue(self.config.queue.clone());
+        // issue 22: refuse data that breaks its URN's schema (`App::schemas`).
+        #[cfg(feature = "schema")]
+        self.check_schema(&env)?;
         self.transport.publish(&self.config.queue, &env).await?;
         Ok(env)
     }
