@@ -66,7 +66,7 @@ fn main() -> ExitCode {
             let note = match key.as_str() {
                 "schema_version" | "description" | "cases" | "idempotency" => continue,
                 k if BINDING_BLOCKS.contains(&k) => "run against babelqueue::binding",
-                "payload_schema" => PAYLOAD_SCHEMA_NOTE,
+                "payload_schema" => "run against babelqueue::schema (family dialect and draft-07)",
                 _ => "not run: unknown block (this runner does not know it)",
             };
             eprintln!("conformance: block `{key}`: {note}");
@@ -131,14 +131,51 @@ fn trials(dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
     Ok(out)
 }
 
-/// What the run says about the `payload_schema` block while this SDK has no validator.
-const PAYLOAD_SCHEMA_NOTE: &str =
-    "not run: this SDK has no payload validator yet (optional, ADR-0024)";
-
-/// The `payload_schema` block (ADR-0024): one trial per case once the SDK has a payload
-/// validator. Wire it here; today it adds none (see [`PAYLOAD_SCHEMA_NOTE`]).
-fn payload_schema_trials(_dir: &Path, _manifest: &Value) -> Result<Vec<Trial>, String> {
-    Ok(Vec::new())
+/// The `payload_schema` block (ADR-0024): one trial per case, in the family's dialect (the
+/// subset every SDK's validator implements, the default of `babelqueue::schema`) and in
+/// full draft-07; both must agree with the case's `valid`.
+fn payload_schema_trials(_dir: &Path, manifest: &Value) -> Result<Vec<Trial>, String> {
+    use babelqueue::schema::{Dialect, InMemoryProvider, Schemas};
+    const URN: &str = "urn:conformance:payload";
+    let Some(block) = manifest.get("payload_schema") else {
+        return Ok(Vec::new());
+    };
+    let schema = block
+        .get("schema")
+        .cloned()
+        .ok_or("payload_schema has no `schema`")?;
+    let cases = block["cases"]
+        .as_array()
+        .ok_or("payload_schema has no `cases` array")?;
+    let mut out = Vec::new();
+    for (dialect, label) in [(Dialect::Family, "family"), (Dialect::Draft07, "draft07")] {
+        for case in cases {
+            let name = case["name"].as_str().ok_or("a payload_schema case has no name")?;
+            let valid = case["valid"]
+                .as_bool()
+                .ok_or_else(|| format!("payload_schema case {name} has no boolean `valid`"))?;
+            let data = case["data"].clone();
+            let schema = schema.clone();
+            out.push(Trial::test(
+                format!("payload_schema::{label}::{name}"),
+                move || {
+                    let schemas = Schemas::new(InMemoryProvider::new().with(URN, schema))
+                        .dialect(dialect);
+                    let got = match schemas.validate(URN, &data) {
+                        Ok(()) => true,
+                        Err(e) if e.is_violation() => false,
+                        Err(e) => return Err(fail(format!("the schema did not load: {e}"))),
+                    };
+                    if got == valid {
+                        Ok(())
+                    } else {
+                        Err(fail(format!("valid = {got}, the suite says {valid}")))
+                    }
+                },
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// The manifest blocks of the broker bindings, each run by [`bindings::trials`].

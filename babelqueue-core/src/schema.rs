@@ -458,58 +458,6 @@ impl Schemas {
     }
 }
 
-/// Producer-side checks (issue 22): the `App` half of payload schemas. Only the field
-/// `App::schemas`, its initialisation and the one call in [`App::publish`](crate::runtime::App::publish) live in
-/// `runtime/app.rs`.
-impl crate::runtime::App {
-    /// Validates every payload [`publish`](Self::publish) sends against its URN's schema
-    /// (a URN without one is not checked): data that breaks it is refused with
-    /// [`PublishError::Schema`](crate::runtime::PublishError::Schema) naming the path and
-    /// the rule, and nothing is published. [`publish_envelope`](Self::publish_envelope) and
-    /// [`publish_raw`](Self::publish_raw) send what they are given unchecked (call
-    /// [`Schemas::check`] first).
-    ///
-    /// The same value can serve the consumer side: the runtime's opt-in dead-letter of an
-    /// invalid payload calls [`Schemas::check`] on each decoded envelope.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use babelqueue_core::runtime::{App, InMemoryTransport, PublishError};
-    /// use babelqueue_core::schema::{InMemoryProvider, Schemas};
-    /// use serde_json::json;
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let schemas = Schemas::new(InMemoryProvider::new().with(
-    ///     "urn:babel:orders:created",
-    ///     json!({"type": "object", "required": ["order_id"]}),
-    /// ));
-    /// let transport = InMemoryTransport::new();
-    /// let app = App::new(transport.clone()).queue("orders").schemas(Arc::new(schemas));
-    ///
-    /// app.publish("urn:babel:orders:created", &json!({"order_id": 7})).await?;
-    /// let err = app.publish("urn:babel:orders:created", &json!({"id": 7})).await.unwrap_err();
-    /// assert!(matches!(err, PublishError::Schema(_)));
-    /// assert_eq!(transport.len("orders"), 1);
-    /// # Ok::<(), PublishError>(())
-    /// # }).unwrap();
-    /// ```
-    #[must_use]
-    pub fn schemas(mut self, schemas: Arc<Schemas>) -> Self {
-        self.schemas = Some(schemas);
-        self
-    }
-
-    /// The payload schemas set with [`schemas`](Self::schemas).
-    pub fn payload_schemas(&self) -> Option<&Arc<Schemas>> {
-        self.schemas.as_ref()
-    }
-
-    pub(crate) fn check_schema(&self, envelope: &Envelope) -> Result<(), SchemaError> {
-        match &self.schemas {
-            Some(schemas) => schemas.check(envelope),
-            None => Ok(()),
-        }
-    }
-}
 
 const FAMILY_TYPES: [&str; 7] = [
     "object", "array", "string", "integer", "number", "boolean", "null",

@@ -163,6 +163,10 @@ impl App {
                 heartbeat_ttl: Duration::from_secs(10),
                 recovery_interval: Duration::from_secs(5),
                 max_recoveries: 3,
+                #[cfg(feature = "schema")]
+                consume_schemas: None,
+                #[cfg(feature = "schema")]
+                validate_on_consume: false,
             },
             observer: None,
             #[cfg(feature = "schema")]
@@ -444,11 +448,17 @@ impl App {
 
     /// What every worker of one consume shares.
     fn ctx(&self) -> Ctx {
+        #[allow(unused_mut)]
+        let mut config = self.config.clone();
+        #[cfg(feature = "schema")]
+        if config.validate_on_consume {
+            config.consume_schemas = self.schemas.clone();
+        }
         Ctx::new(
             Arc::clone(&self.transport),
             Arc::clone(&self.router),
             self.dead_letter_queue_name(),
-            self.config.clone(),
+            config,
             self.observer.clone(),
         )
     }

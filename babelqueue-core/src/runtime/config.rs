@@ -35,4 +35,11 @@ pub(crate) struct Config {
     pub heartbeat_ttl: Duration,
     pub recovery_interval: Duration,
     pub max_recoveries: u32,
+    /// Payload schemas checked on consume (`App::validate_on_consume`): an invalid payload
+    /// is dead-lettered at once.
+    #[cfg(feature = "schema")]
+    pub consume_schemas: Option<Arc<crate::schema::Schemas>>,
+    /// `App::validate_on_consume` was asked for.
+    #[cfg(feature = "schema")]
+    pub validate_on_consume: bool,
 }

@@ -252,6 +252,13 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
         report.unknown_urn = true;
         return report.into();
     };
+    #[cfg(feature = "schema")]
+    if let Some(verdict) = check_schema(ctx, &envelope) {
+        let env = ctx.observer.is_some().then_some(envelope);
+        return settle(ctx, &delivery, env, attempts, verdict, None)
+            .await
+            .into();
+    }
     let id = envelope.meta.id.clone();
     let keep = ctx.observer.is_some().then(|| envelope.clone());
     let probe = Arc::new(StoreProbe::with_pipeline(ctx.pipeline_server.clone()));
@@ -276,6 +283,25 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
         }),
         None => Processed::Done(report),
     }
+}
+
+/// The consumer-side safety net of payload schemas (`App::validate_on_consume`): a payload
+/// that breaks its URN's schema fails permanently (dead-lettered at once as `failed`, the
+/// violation in `dead_letter.error`: a retry cannot fix it); a schema that cannot be
+/// loaded fails the delivery like a handler error (retried: a fixed configuration picks
+/// it up). `None`: valid, or no schema check.
+#[cfg(feature = "schema")]
+fn check_schema(ctx: &Ctx, envelope: &Envelope) -> Option<Verdict> {
+    use crate::schema::SchemaError;
+    let schemas = ctx.config.consume_schemas.as_ref()?;
+    let error = schemas.check(envelope).err()?;
+    let permanent = matches!(error, SchemaError::Violation(_));
+    tracing::warn!(%error, "payload breaks its schema");
+    Some(Verdict {
+        happened: Happened::Failed { permanent },
+        error: Some(error.to_string()),
+        exception: Some(std::any::type_name::<SchemaError>().to_owned()),
+    })
 }
 
 /// Dead-letters a message recovered from dead consumers too many times.

@@ -55,6 +55,8 @@ mod observe;
 #[cfg(feature = "opentelemetry")]
 pub mod otel;
 mod report;
+#[cfg(feature = "schema")]
+mod schemas;
 mod settle;
 mod transport;
 mod worker;
