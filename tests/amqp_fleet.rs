@@ -28,7 +28,7 @@ use babelqueue::amqp::AmqpTransport;
 use babelqueue::redis::redis::{self, AsyncCommands};
 use babelqueue::redis::{RedisStore, RedisStoreError};
 use babelqueue::runtime::{RetryPolicy, Transport};
-use babelqueue::{App, Envelope, InMemoryStore, guard_async};
+use babelqueue::{App, Envelope, Guard, InMemoryStore};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -108,21 +108,22 @@ async fn run_child() {
             let prefix = prefix.clone();
             async move {
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
-                guard_async(&store, &env, async {
-                    tokio::time::sleep(handler_delay).await;
-                    if hiccups(&env) {
-                        return Err(ChargeError::Hiccup);
-                    }
-                    redis::pipe()
-                        .incr(format!("{prefix}:charges:{pid}"), 1)
-                        .ignore()
-                        .sadd(format!("{prefix}:charged"), &pid)
-                        .ignore()
-                        .query_async::<()>(&mut effects)
-                        .await?;
-                    Ok::<(), ChargeError>(())
-                })
-                .await?;
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(handler_delay).await;
+                        if hiccups(&env) {
+                            return Err(ChargeError::Hiccup);
+                        }
+                        redis::pipe()
+                            .incr(format!("{prefix}:charges:{pid}"), 1)
+                            .ignore()
+                            .sadd(format!("{prefix}:charged"), &pid)
+                            .ignore()
+                            .query_async::<()>(&mut effects)
+                            .await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
                 Ok::<(), ChargeError>(())
             }
         });
@@ -297,19 +298,20 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, ch, pr) = (st.clone(), ch.clone(), pr.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    if hiccups(&env) {
-                        return Err(ChargeError::Hiccup);
-                    }
-                    ch.lock()
-                        .unwrap()
-                        .push(env.data["payment_id"].as_str().unwrap().to_owned());
-                    pr.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), ChargeError>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        if hiccups(&env) {
+                            return Err(ChargeError::Hiccup);
+                        }
+                        ch.lock()
+                            .unwrap()
+                            .push(env.data["payment_id"].as_str().unwrap().to_owned());
+                        pr.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let drain = tokio::spawn({

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use amqp_support::{delete_all, ready, unique_queue, url};
 use babelqueue::amqp::AmqpTransport;
 use babelqueue::runtime::{App, Transport};
-use babelqueue::{Envelope, InMemoryStore, guard_async};
+use babelqueue::{Envelope, Guard, InMemoryStore};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -80,18 +80,19 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    let id = env.data["payment_id"].as_str().unwrap().to_owned();
-                    let mut ch = ch.lock().unwrap();
-                    let e = ch
-                        .entry(id)
-                        .or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
-                    e.0 += 1;
-                    assert_eq!(env.data["customer"], "Zoë Ångström");
-                    Ok::<(), Never>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        let id = env.data["payment_id"].as_str().unwrap().to_owned();
+                        let mut ch = ch.lock().unwrap();
+                        let e =
+                            ch.entry(id)
+                                .or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
+                        e.0 += 1;
+                        assert_eq!(env.data["customer"], "Zoë Ångström");
+                        Ok::<(), Never>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let stats = app.drain().await.unwrap();

@@ -14,7 +14,7 @@ use amqp_support::{delayed_at, delete_all, raw_channel, raw_get, ready, unique_q
 use babelqueue::amqp::lapin::types::AMQPValue;
 use babelqueue::amqp::{AmqpTransport, dead_letter_queue};
 use babelqueue::runtime::{App, RetryPolicy, Transport, recover_poison};
-use babelqueue::{DeadLetterReason, Envelope, InMemoryStore, guard_async};
+use babelqueue::{DeadLetterReason, Envelope, Guard, InMemoryStore};
 use serde_json::json;
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -56,13 +56,14 @@ async fn two_hundred_payments_published_twice_are_charged_once_each() {
         .route_async(CHARGE, move |env: Envelope| {
             let (st, ch) = (st.clone(), ch.clone());
             async move {
-                guard_async(&*st, &env, async {
-                    let id = env.data["payment_id"].as_str().unwrap().to_owned();
-                    *ch.lock().unwrap().entry(id).or_default() += 1;
-                    Ok::<(), Gateway>(())
-                })
-                .await
-                .map(drop)
+                Guard::new(&*st)
+                    .run_async(&env, async {
+                        let id = env.data["payment_id"].as_str().unwrap().to_owned();
+                        *ch.lock().unwrap().entry(id).or_default() += 1;
+                        Ok::<(), Gateway>(())
+                    })
+                    .await
+                    .map(drop)
             }
         });
     let stats = app.drain().await.unwrap();

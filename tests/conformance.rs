@@ -150,7 +150,9 @@ fn payload_schema_trials(_dir: &Path, manifest: &Value) -> Result<Vec<Trial>, St
     let mut out = Vec::new();
     for (dialect, label) in [(Dialect::Family, "family"), (Dialect::Draft07, "draft07")] {
         for case in cases {
-            let name = case["name"].as_str().ok_or("a payload_schema case has no name")?;
+            let name = case["name"]
+                .as_str()
+                .ok_or("a payload_schema case has no name")?;
             let valid = case["valid"]
                 .as_bool()
                 .ok_or_else(|| format!("payload_schema case {name} has no boolean `valid`"))?;
@@ -159,8 +161,8 @@ fn payload_schema_trials(_dir: &Path, manifest: &Value) -> Result<Vec<Trial>, St
             out.push(Trial::test(
                 format!("payload_schema::{label}::{name}"),
                 move || {
-                    let schemas = Schemas::new(InMemoryProvider::new().with(URN, schema))
-                        .dialect(dialect);
+                    let schemas =
+                        Schemas::new(InMemoryProvider::new().with(URN, schema)).dialect(dialect);
                     let got = match schemas.validate(URN, &data) {
                         Ok(()) => true,
                         Err(e) if e.is_violation() => false,

@@ -458,7 +458,6 @@ impl Schemas {
     }
 }
 
-
 const FAMILY_TYPES: [&str; 7] = [
     "object", "array", "string", "integer", "number", "boolean", "null",
 ];
