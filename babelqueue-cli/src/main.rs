@@ -138,7 +138,8 @@ enum DlqCommand {
     /// others (and poison wrappers, and bodies that are not JSON) stay there, marked
     /// redelivered.
     Requeue {
-        /// The queue to requeue into; its dead letters are read from `<queue>.dlq`.
+        /// The queue to requeue into; its dead letters are read from `<queue>.dlq`. On
+        /// RabbitMQ a dead letter's `dead_letter.original_queue` wins when it has one.
         queue: String,
         #[command(flatten)]
         broker: Broker,
