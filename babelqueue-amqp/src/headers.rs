@@ -19,6 +19,21 @@ fn is_broker_header(key: &str) -> bool {
 /// `x-*` headers and the broker's dead-lettering headers, natively typed values mapped to
 /// JSON (strings, numbers, booleans, tables as objects, arrays, void as `null`; byte
 /// strings that are not UTF-8 are decoded lossily).
+///
+/// What a tool that moves a delivery by hand (the `babelqueue dlq requeue` command) passes
+/// to [`Transport::publish_with_headers`](babelqueue_core::runtime::Transport::publish_with_headers)
+/// so the new copy keeps the delivery's own headers (`traceparent`, …) while the
+/// projection's are written afresh from the body.
+///
+/// ```
+/// use babelqueue_amqp::lapin::types::{AMQPValue, FieldTable};
+///
+/// let mut table = FieldTable::default();
+/// table.insert("traceparent".into(), AMQPValue::LongString("00-ab-cd-01".into()));
+/// table.insert("x-attempts".into(), AMQPValue::LongInt(3));
+/// let headers = babelqueue_amqp::out_of_band(Some(&table));
+/// assert_eq!(serde_json::Value::Object(headers), serde_json::json!({"traceparent": "00-ab-cd-01"}));
+/// ```
 pub fn out_of_band(table: Option<&FieldTable>) -> Headers {
     let mut out = Headers::new();
     let Some(table) = table else {

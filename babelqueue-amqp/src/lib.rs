@@ -28,6 +28,7 @@ mod projection;
 mod transport;
 
 pub use headers::PROJECTION_HEADERS;
+pub use headers::out_of_band;
 pub use names::{DELAY_QUEUE_GRACE, MAX_DELAY, dead_letter_queue, delay_bucket, delay_queue};
 pub use transport::AmqpTransport;
 

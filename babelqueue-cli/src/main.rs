@@ -8,11 +8,17 @@
 //! babelqueue doctor postgres://app@db/app
 //! babelqueue processing recover-legacy payments --yes
 //! babelqueue outbox relay postgres://app@db/app --broker redis://broker:6379/0
+//! BROKER_URL=amqp://guest:guest@127.0.0.1:5672/%2f babelqueue dlq requeue payments --all
 //! ```
+//!
+//! The broker URL's scheme decides the broker: `redis://`/`rediss://` (the default) or
+//! `amqp://`/`amqps://` (RabbitMQ: `queue stats`, `dlq list|requeue|recover-poison`).
 //!
 //! Exit codes: 0 success, 1 error (connection, command, bad data), 2 usage error,
 //! 3 `doctor` found problems in the store's layout.
 
+mod amqp_cmds;
+mod dead_letters;
 mod doctor;
 mod envelope;
 mod outbox;
@@ -21,6 +27,7 @@ mod report;
 
 use std::process::ExitCode;
 
+use babelqueue_core::binding::{AmqpUrl, BrokerUrl};
 use clap::{Args, Parser, Subcommand};
 
 /// Exit code of `doctor` when the store's layout has problems.
@@ -32,8 +39,10 @@ const EXIT_PROBLEMS: u8 = 3;
     version,
     about = "Look at BabelQueue queues, dead letters and idempotency stores",
     long_about = "Look at BabelQueue queues, dead letters and idempotency stores.\n\n\
-        Queues live on Redis (the reliable-queue list layout every BabelQueue SDK shares); \
-        stores on Redis, PostgreSQL or SQLite.\n\n\
+        Queues live on Redis (the reliable-queue list layout every BabelQueue SDK shares) or \
+        on RabbitMQ (`<queue>`, `<queue>.dlq`, `<queue>.delay.<ms>`, as every SDK declares them): \
+        the scheme of --broker/BROKER_URL decides (`redis://` is the default, `amqp://` or \
+        `amqps://` is RabbitMQ). Stores live on Redis, PostgreSQL or SQLite.\n\n\
         Exit codes: 0 success, 1 error, 2 usage error, 3 `doctor` found problems."
 )]
 struct Cli {
@@ -95,9 +104,11 @@ enum OutboxCommand {
 
 #[derive(Debug, Args)]
 struct Broker {
-    /// Redis URL of the broker (`redis://`, or `rediss://` for TLS).
+    /// The broker: Redis (`redis://`, `rediss://` for TLS) or RabbitMQ (`amqp://user:pass@host:port/vhost`,
+    /// the vhost URL-encoded, `%2f` is `/`; `amqps://` for TLS). The scheme decides.
     #[arg(
         long,
+        visible_alias = "broker",
         env = "BROKER_URL",
         default_value = "redis://127.0.0.1:6379/0",
         value_name = "URL"
@@ -107,11 +118,19 @@ struct Broker {
 
 #[derive(Debug, Subcommand)]
 enum QueueCommand {
-    /// Counts of a queue: ready (`LLEN <queue>`), in flight (the legacy shared
+    /// Counts of a queue.
+    ///
+    /// Redis: ready (`LLEN <queue>`), in flight (the legacy shared
     /// `<queue>:processing` list and each consumer's `{<queue>}:processing:<id>`),
     /// delayed (`{<queue>}:delayed`), dead letters (`<queue>.dlq`), live consumers
     /// (`{<queue>}:heartbeat:<id>`) and the consumer registry (`{<queue>}:consumers`,
     /// with the ones whose heartbeat expired).
+    ///
+    /// RabbitMQ: by passive declares (a missing queue is reported as missing, never
+    /// created): ready messages and consumers of `<queue>` and `<queue>.dlq`, and the
+    /// messages of each delay queue `<queue>.delay.<ms>` of every bucket the transport
+    /// can use. AMQP 0-9-1 does not report unacknowledged (in-flight) messages nor list
+    /// queues (the management API does): in flight is "unknown".
     Stats {
         /// The queue name.
         queue: String,
@@ -129,6 +148,10 @@ enum QueueCommand {
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
     /// Lists dead letters, oldest first: meta.id, reason, attempts, failed_at, error.
+    ///
+    /// Never takes them. On RabbitMQ they are fetched with `basic.get` without
+    /// acknowledgement on one channel, which is then closed: the broker puts them back
+    /// unchanged, but marked redelivered.
     List {
         /// The queue whose dead letters to list.
         queue: String,
@@ -147,8 +170,15 @@ enum DlqCommand {
     /// Moves dead letters back to `<queue>`: the `dead_letter` block is removed (every
     /// other field and its order kept) and `attempts` reset to 0. Poison wrappers are
     /// skipped (see `recover-poison`).
+    ///
+    /// RabbitMQ: each selected dead letter is published (publisher confirms) to its
+    /// `dead_letter.original_queue`, else `<queue>`, with its own headers and the
+    /// binding's properties, and only then acknowledged on the dead-letter queue. The
+    /// others (and poison wrappers, and bodies that are not JSON) stay there, marked
+    /// redelivered.
     Requeue {
-        /// The queue to requeue into; its dead letters are read from `<queue>.dlq`.
+        /// The queue to requeue into; its dead letters are read from `<queue>.dlq`. On
+        /// RabbitMQ a dead letter's `dead_letter.original_queue` wins when it has one.
         queue: String,
         #[command(flatten)]
         broker: Broker,
@@ -172,6 +202,9 @@ enum DlqCommand {
     },
     /// Puts the original bytes of poison wrappers (bodies that were not an accepted
     /// envelope, dead-lettered as `urn:babel:poison`) back on a queue.
+    ///
+    /// RabbitMQ: published with publisher confirms, then acknowledged on the dead-letter
+    /// queue; every other dead letter stays (marked redelivered).
     RecoverPoison {
         /// The queue whose dead letters to read (`<queue>.dlq`).
         queue: String,
@@ -190,7 +223,8 @@ enum DlqCommand {
 #[derive(Debug, Args)]
 struct DoctorArgs {
     /// The store: `redis://…`/`rediss://…`, `postgres://…`/`postgresql://…` (sslmode
-    /// honoured), or a SQLite file path (`sqlite://path` also accepted).
+    /// honoured), or a SQLite file path (`sqlite://path` also accepted). A broker
+    /// without a store (`amqp://`) is refused.
     store_url: String,
     /// Table name (PostgreSQL, SQLite).
     #[arg(long, default_value = "babelqueue_idempotency")]
@@ -207,7 +241,9 @@ struct DoctorArgs {
 enum ProcessingCommand {
     /// Moves every message of the legacy shared `<queue>:processing` list back to the
     /// head of `<queue>`. UNSAFE while any consumer (of any SDK) that uses that list
-    /// runs: it would redeliver messages they are processing. Needs `--yes`.
+    /// runs: it would redeliver messages they are processing. Needs `--yes`. Redis
+    /// only: RabbitMQ has no processing lists (it puts a closed channel's unacknowledged
+    /// messages back itself).
     RecoverLegacy {
         /// The queue.
         queue: String,
@@ -225,6 +261,9 @@ pub(crate) enum CliError {
     /// Redis answered with an error or could not be reached.
     #[error("{0}")]
     Redis(String, #[source] redis::RedisError),
+    /// RabbitMQ refused or could not be reached.
+    #[error("{0}")]
+    Amqp(String, #[source] Box<dyn std::error::Error + Send + Sync>),
     /// PostgreSQL.
     #[error("{0}")]
     Postgres(String, #[source] Box<dyn std::error::Error + Send + Sync>),
@@ -237,12 +276,15 @@ pub(crate) enum CliError {
     /// The user must confirm.
     #[error("{0}")]
     Refused(String),
+    /// The command has no meaning on the broker or URL given.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            CliError::Refused(_) => 2,
+            CliError::Refused(_) | CliError::Unsupported(_) => 2,
             _ => 1,
         }
     }
@@ -272,6 +314,39 @@ fn dlq_name(queue: &str, dlq: Option<String>) -> String {
     dlq.unwrap_or_else(|| format!("{queue}.dlq"))
 }
 
+/// The broker a URL names: its scheme decides.
+enum Target {
+    /// `redis://`, `rediss://`, and whatever else the Redis client is handed unchanged
+    /// (it says what is wrong with it).
+    Redis(String),
+    /// `amqp://`, `amqps://`.
+    Amqp(AmqpUrl),
+}
+
+fn target(url: &str) -> Result<Target, CliError> {
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    match BrokerUrl::parse(url) {
+        Ok(BrokerUrl::Amqp(u)) => Ok(Target::Amqp(u)),
+        Err(e) if scheme == "amqp" || scheme == "amqps" => {
+            Err(CliError::Message(format!("invalid AMQP URL: {e}")))
+        }
+        Ok(BrokerUrl::Redis { .. }) | Err(_) => Ok(Target::Redis(url.to_owned())),
+        Ok(_) => Err(CliError::Unsupported(format!(
+            "the babelqueue CLI does not speak {scheme}:// brokers (it speaks redis:// and amqp://)"
+        ))),
+    }
+}
+
+/// The error of a Redis-only command given an `amqp://` URL.
+fn redis_only(command: &str, scheme: &str, why: &str) -> CliError {
+    CliError::Unsupported(format!(
+        "`{command}` has no meaning on RabbitMQ ({scheme}://): {why}"
+    ))
+}
+
 async fn run(cli: Cli) -> Result<u8, CliError> {
     match cli.command {
         Command::Queue(QueueCommand::Stats {
@@ -280,12 +355,25 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             dlq,
             json,
         }) => {
-            let mut conn = redis_cmds::connect(&broker.url).await?;
-            let stats = redis_cmds::stats(&mut conn, &queue, &dlq_name(&queue, dlq)).await?;
+            let dlq = dlq_name(&queue, dlq);
+            let (json_out, text) = match target(&broker.url)? {
+                Target::Redis(url) => {
+                    let mut conn = redis_cmds::connect(&url).await?;
+                    let stats = redis_cmds::stats(&mut conn, &queue, &dlq).await?;
+                    (stats.to_json(), stats.to_text())
+                }
+                Target::Amqp(url) => {
+                    let b = amqp_cmds::Broker::connect(&url).await?;
+                    let stats = amqp_cmds::stats(&b, &queue, &dlq).await;
+                    b.close().await;
+                    let stats = stats?;
+                    (stats.to_json(), stats.to_text())
+                }
+            };
             if json {
-                println!("{}", stats.to_json());
+                println!("{json_out}");
             } else {
-                print!("{}", stats.to_text());
+                print!("{text}");
             }
             Ok(0)
         }
@@ -296,8 +384,19 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             limit,
             json,
         }) => {
-            let mut conn = redis_cmds::connect(&broker.url).await?;
-            redis_cmds::dlq_list(&mut conn, &dlq_name(&queue, dlq), limit, json).await?;
+            let dlq = dlq_name(&queue, dlq);
+            match target(&broker.url)? {
+                Target::Redis(url) => {
+                    let mut conn = redis_cmds::connect(&url).await?;
+                    redis_cmds::dlq_list(&mut conn, &dlq, limit, json).await?;
+                }
+                Target::Amqp(url) => {
+                    let b = amqp_cmds::Broker::connect(&url).await?;
+                    let done = amqp_cmds::dlq_list(&b, &dlq, limit, json).await;
+                    b.close().await;
+                    done?;
+                }
+            }
             Ok(0)
         }
         Command::Dlq(DlqCommand::Requeue {
@@ -309,23 +408,29 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             keep_attempts,
         }) => {
             let selector = match (id, all) {
-                (Some(id), false) => redis_cmds::Select::Id(id),
-                (None, true) => redis_cmds::Select::All,
+                (Some(id), false) => dead_letters::Select::Id(id),
+                (None, true) => dead_letters::Select::All,
                 _ => {
                     return Err(CliError::Refused(
                         "give exactly one of --id ID or --all".into(),
                     ));
                 }
             };
-            let mut conn = redis_cmds::connect(&broker.url).await?;
-            redis_cmds::dlq_requeue(
-                &mut conn,
-                &queue,
-                &dlq_name(&queue, dlq),
-                &selector,
-                keep_attempts,
-            )
-            .await?;
+            let dlq = dlq_name(&queue, dlq);
+            match target(&broker.url)? {
+                Target::Redis(url) => {
+                    let mut conn = redis_cmds::connect(&url).await?;
+                    redis_cmds::dlq_requeue(&mut conn, &queue, &dlq, &selector, keep_attempts)
+                        .await?;
+                }
+                Target::Amqp(url) => {
+                    let b = amqp_cmds::Broker::connect(&url).await?;
+                    let done =
+                        amqp_cmds::dlq_requeue(&b, &queue, &dlq, &selector, keep_attempts).await;
+                    b.close().await;
+                    done?;
+                }
+            }
             Ok(0)
         }
         Command::Dlq(DlqCommand::RecoverPoison {
@@ -334,12 +439,30 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             dlq,
             to,
         }) => {
-            let mut conn = redis_cmds::connect(&broker.url).await?;
-            let target = to.unwrap_or_else(|| queue.clone());
-            redis_cmds::recover_poison(&mut conn, &dlq_name(&queue, dlq), &target).await?;
+            let dlq = dlq_name(&queue, dlq);
+            let to = to.unwrap_or_else(|| queue.clone());
+            match target(&broker.url)? {
+                Target::Redis(url) => {
+                    let mut conn = redis_cmds::connect(&url).await?;
+                    redis_cmds::recover_poison(&mut conn, &dlq, &to).await?;
+                }
+                Target::Amqp(url) => {
+                    let b = amqp_cmds::Broker::connect(&url).await?;
+                    let done = amqp_cmds::recover_poison(&b, &dlq, &to).await;
+                    b.close().await;
+                    done?;
+                }
+            }
             Ok(0)
         }
         Command::Doctor(args) => {
+            if let Ok(BrokerUrl::Amqp(u)) = BrokerUrl::parse(&args.store_url) {
+                let scheme = if u.tls { "amqps" } else { "amqp" };
+                return Err(CliError::Unsupported(format!(
+                    "`doctor` checks idempotency stores, and RabbitMQ ({scheme}://) is a broker, not a store: \
+                     give the store the consumers use (STORE_URL: redis://, postgres://, or a SQLite file)"
+                )));
+            }
             let report =
                 doctor::run(&args.store_url, &args.table, &args.prefix, args.sample).await?;
             print!("{}", report.text());
@@ -350,6 +473,17 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             })
         }
         Command::Processing(ProcessingCommand::RecoverLegacy { queue, broker, yes }) => {
+            let url = match target(&broker.url)? {
+                Target::Redis(url) => url,
+                Target::Amqp(u) => {
+                    return Err(redis_only(
+                        "processing recover-legacy",
+                        if u.tls { "amqps" } else { "amqp" },
+                        "there are no processing lists; the broker itself puts the unacknowledged \
+                         messages of a closed channel back on their queue",
+                    ));
+                }
+            };
             let list = format!("{queue}:processing");
             let warning = format!(
                 "WARNING: moving every message of the legacy shared list {list} back to {queue}. \
@@ -363,7 +497,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                     "not moving anything without --yes (confirm that no consumer uses {list})"
                 )));
             }
-            let mut conn = redis_cmds::connect(&broker.url).await?;
+            let mut conn = redis_cmds::connect(&url).await?;
             let moved = redis_cmds::recover_legacy(&mut conn, &queue).await?;
             println!("moved {moved} message(s) from {list} back to {queue}");
             Ok(0)

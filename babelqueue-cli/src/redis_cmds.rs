@@ -6,7 +6,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
-use crate::envelope::{Element, iso_millis};
+use crate::dead_letters::{Select, Tally, print_list};
+use crate::envelope::Element;
 use crate::{CliError, redis_err};
 
 /// Connects (5 s connect timeout, 30 s per command) and checks the server answers.
@@ -247,29 +248,6 @@ pub(crate) async fn stats(
     })
 }
 
-/// One dead letter, as listed.
-fn describe(element: &[u8]) -> Value {
-    let el = Element::parse(element);
-    if el.envelope.is_none() {
-        return json!({ "meta_id": null, "reason": null, "note": "not a JSON envelope" });
-    }
-    let failed_at = el.dead_letter("failed_at").and_then(Value::as_i64);
-    let mut v = json!({
-        "meta_id": el.meta_id(),
-        "job": el.job(),
-        "reason": el.dead_letter("reason"),
-        "attempts": el.dead_letter("attempts"),
-        "failed_at": failed_at,
-        "failed_at_utc": failed_at.map(iso_millis),
-        "error": el.dead_letter("error"),
-        "original_queue": el.dead_letter("original_queue"),
-    });
-    if el.job() == Some(babelqueue_core::runtime::POISON_URN) {
-        v["poison_wrapper"] = Value::Bool(true);
-    }
-    v
-}
-
 pub(crate) async fn dlq_list(
     conn: &mut MultiplexedConnection,
     dlq: &str,
@@ -288,43 +266,8 @@ pub(crate) async fn dlq_list(
             .await
             .map_err(redis_err(format!("LRANGE {dlq}")))?
     };
-    if json {
-        for item in &items {
-            println!("{}", describe(item));
-        }
-        return Ok(());
-    }
-    println!("{dlq}: {total} dead letter(s), showing {}", items.len());
-    for (i, item) in items.iter().enumerate() {
-        let d = describe(item);
-        let text = |k: &str| match &d[k] {
-            Value::Null => "-".to_owned(),
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let poison = if d["poison_wrapper"] == true {
-            "  (poison wrapper: see `dlq recover-poison`)"
-        } else {
-            ""
-        };
-        println!(
-            "{:>4}  meta.id={}  reason={}  attempts={}  failed_at={}  job={}{poison}\n      error: {}",
-            i + 1,
-            text("meta_id"),
-            text("reason"),
-            text("attempts"),
-            text("failed_at_utc"),
-            text("job"),
-            text("error"),
-        );
-    }
+    print_list(dlq, total, &items, json);
     Ok(())
-}
-
-/// Which dead letters to requeue.
-pub(crate) enum Select {
-    Id(String),
-    All,
 }
 
 /// Removes `ARGV[1]` from `KEYS[1]` and, only if it was there, pushes `ARGV[2]` onto
@@ -366,47 +309,28 @@ pub(crate) async fn dlq_requeue(
         .lrange(dlq, 0, -1)
         .await
         .map_err(redis_err(format!("LRANGE {dlq}")))?;
-    let (mut moved, mut matched, mut poison, mut unreadable) = (0, 0, 0, 0);
+    let mut tally = Tally::default();
     for item in items {
         let el = Element::parse(&item);
-        if let Select::Id(id) = select
-            && el.meta_id() != Some(id.as_str())
-        {
+        if !select.matches(&el) {
             continue;
         }
-        matched += 1;
+        tally.matched += 1;
         if el.job() == Some(babelqueue_core::runtime::POISON_URN) {
-            poison += 1;
+            tally.poison += 1;
             continue;
         }
         let id = el.meta_id().unwrap_or("-").to_owned();
         let Some(body) = el.requeued(keep_attempts) else {
-            unreadable += 1;
+            tally.unreadable += 1;
             continue;
         };
         if move_one(conn, dlq, queue, &item, &body).await? {
-            moved += 1;
+            tally.moved += 1;
             println!("requeued meta.id={id} to {queue}");
         }
     }
-    if poison > 0 {
-        eprintln!(
-            "skipped {poison} poison wrapper(s): use `babelqueue dlq recover-poison` for their original bytes"
-        );
-    }
-    if unreadable > 0 {
-        eprintln!("skipped {unreadable} dead letter(s) that are not JSON objects");
-    }
-    println!("requeued {moved} dead letter(s) from {dlq} to {queue}");
-    match select {
-        Select::Id(id) if matched == 0 => Err(CliError::Message(format!(
-            "no dead letter with meta.id {id} in {dlq}"
-        ))),
-        Select::Id(id) if moved == 0 => Err(CliError::Message(format!(
-            "the dead letter with meta.id {id} in {dlq} was not requeued"
-        ))),
-        _ => Ok(()),
-    }
+    tally.finish(dlq, queue, select)
 }
 
 pub(crate) async fn recover_poison(

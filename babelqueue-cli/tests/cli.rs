@@ -474,3 +474,396 @@ async fn doctor_on_postgres() {
         .await
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// RabbitMQ (`amqp://` brokers)
+
+use babelqueue_amqp::lapin;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+fn amqp_url() -> String {
+    std::env::var("BABELQUEUE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Runs the binary with the broker in `BROKER_URL` (as a deployment sets it).
+fn run_on(broker: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("BROKER_URL", broker)
+        .output()
+        .expect("the babelqueue binary runs")
+}
+
+/// A connection and a channel in confirm mode (the test's own publishes are confirmed).
+async fn rabbit() -> (Connection, Channel) {
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ at BABELQUEUE_AMQP_URL");
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    (conn, ch)
+}
+
+/// Declares `queue` as the family does (durable, no arguments).
+async fn declare(ch: &Channel, queue: &str) {
+    ch.queue_declare(
+        ShortString::from(queue),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn publish(ch: &Channel, queue: &str, body: &[u8], props: BasicProperties) {
+    ch.basic_publish(
+        ShortString::from(""),
+        ShortString::from(queue),
+        BasicPublishOptions::default(),
+        body,
+        props,
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
+/// Ready messages of `queue` (passive declare).
+async fn ready(ch: &Channel, queue: &str) -> u32 {
+    ch.queue_declare(
+        ShortString::from(queue),
+        QueueDeclareOptions::default().passive(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap()
+    .message_count()
+}
+
+/// Takes (acks) the next message of `queue`.
+async fn take(ch: &Channel, queue: &str) -> lapin::message::Delivery {
+    let m = ch
+        .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("a message in {queue}"));
+    m.delivery
+}
+
+async fn delete_queues(ch: &Channel, queues: &[String]) {
+    for q in queues {
+        ch.queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+fn amqp_dead_letter(id: &str, original_queue: &str) -> String {
+    format!(
+        r#"{{"job":"urn:babel:test:charge","trace_id":"t-{id}","data":{{"z":1,"a":2}},"meta":{{"id":"{id}","queue":"{original_queue}","lang":"go","schema_version":1,"created_at":1}},"attempts":3,"dead_letter":{{"reason":"failed","error":"boom {id}","exception":null,"failed_at":1700000000123,"original_queue":"{original_queue}","attempts":3,"lang":"go"}},"x_extra":true}}"#
+    )
+}
+
+fn json_lines(o: &Output) -> Vec<Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn amqp_urls_select_rabbitmq_and_redis_only_commands_say_so() {
+    // Nothing listens on port 1: the error names RabbitMQ, without the password.
+    let o = run(&[
+        "queue",
+        "stats",
+        "q",
+        "--broker",
+        "amqp://guest:secret@127.0.0.1:1/%2f",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("error: cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("secret") && !err.contains("panicked"),
+        "{err}"
+    );
+
+    let o = run(&["dlq", "list", "q", "--url", "amqp://h:notaport/"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("invalid AMQP URL"), "{}", stderr(&o));
+
+    let o = run_on(
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        &["processing", "recover-legacy", "q", "--yes"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("`processing recover-legacy` has no meaning on RabbitMQ (amqp://)"),
+        "{err}"
+    );
+    assert!(!err.contains("WARNING"), "{err}");
+
+    let o = run(&["doctor", "amqps://guest:guest@rabbit/%2f"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("RabbitMQ (amqps://) is a broker, not a store"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run_on("kafka://127.0.0.1:9092", &["queue", "stats", "q"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("does not speak kafka:// brokers"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn queue_stats_on_rabbitmq() {
+    let queue = unique("amqp_stats");
+    let dlq = format!("{queue}.dlq");
+    let delay = format!("{queue}.delay.1000");
+    let url = amqp_url();
+    let (conn, ch) = rabbit().await;
+
+    // Nothing declared: reported missing, and still not created.
+    let o = run_on(&url, &["queue", "stats", &queue, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stats: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(stats["broker"], "amqp");
+    assert_eq!(stats["exists"], false);
+    assert_eq!(stats["ready"], Value::Null);
+    assert_eq!(stats["dlq_exists"], false);
+    assert_eq!(stats["delayed"], 0);
+    let o = run_on(&url, &["queue", "stats", &queue]);
+    assert!(
+        stdout(&o).contains(&format!("missing   (no queue {queue} on the broker)")),
+        "{}",
+        stdout(&o)
+    );
+    let probe = conn.create_channel().await.unwrap();
+    let missing = probe
+        .queue_declare(
+            ShortString::from(queue.as_str()),
+            QueueDeclareOptions::default().passive(),
+            FieldTable::default(),
+        )
+        .await;
+    assert!(missing.is_err(), "stats must not create {queue}");
+
+    // Empty queues.
+    declare(&ch, &queue).await;
+    declare(&ch, &dlq).await;
+    let o = run_on(&url, &["queue", "stats", &queue, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stats: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(stats["exists"], true);
+    assert_eq!(stats["ready"], 0);
+    assert_eq!(stats["consumers"], 0);
+    assert_eq!(stats["in_flight"], Value::Null);
+    assert_eq!(stats["dead_letters"], 0);
+
+    // Two ready, one in a delay queue, three dead letters.
+    declare(&ch, &delay).await;
+    let env = Envelope::new("urn:babel:test:charge", json!({"n": 1})).unwrap();
+    for _ in 0..2 {
+        publish(&ch, &queue, &env.encode(), BasicProperties::default()).await;
+    }
+    publish(&ch, &delay, &env.encode(), BasicProperties::default()).await;
+    for id in ["m-1", "m-2", "m-3"] {
+        let body = amqp_dead_letter(id, &queue);
+        publish(&ch, &dlq, body.as_bytes(), BasicProperties::default()).await;
+    }
+    let o = run_on(&url, &["queue", "stats", &queue, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stats: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(stats["ready"], 2);
+    assert_eq!(stats["delayed"], 1);
+    assert_eq!(stats["delay_queues"], json!({ delay.clone(): 1 }));
+    assert_eq!(stats["dead_letters"], 3);
+    assert_eq!(stats["dlq"], dlq);
+    let o = run_on(&url, &["queue", "stats", &queue]);
+    let text = stdout(&o);
+    assert!(text.contains("in flight     unknown"), "{text}");
+    assert!(text.contains(&format!("({delay}: 1)")), "{text}");
+
+    delete_queues(&ch, &[queue, dlq, delay]).await;
+    conn.close(200, ShortString::from("done")).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn dead_letters_on_rabbitmq() {
+    let queue = unique("amqp_dlq");
+    let dlq = format!("{queue}.dlq");
+    let other = format!("{queue}.other");
+    let to = format!("{queue}.poison");
+    let url = amqp_url();
+    let (conn, ch) = rabbit().await;
+    declare(&ch, &queue).await;
+    declare(&ch, &dlq).await;
+
+    // m-1 and m-3 of `queue`, m-2 of `other`, then a poison wrapper and a body that is
+    // not JSON. m-2 carries a traceparent header and the projection's headers.
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from("traceparent"),
+        AMQPValue::LongString(LongString::from("00-abc-def-01")),
+    );
+    headers.insert(ShortString::from("x-attempts"), AMQPValue::LongInt(3));
+    let garbage = b"\xffnot json at all".to_vec();
+    let poison = poison_body(&garbage, &Envelope::decode(&garbage).unwrap_err(), &queue);
+    publish(
+        &ch,
+        &dlq,
+        amqp_dead_letter("m-1", &queue).as_bytes(),
+        BasicProperties::default(),
+    )
+    .await;
+    publish(
+        &ch,
+        &dlq,
+        amqp_dead_letter("m-2", &other).as_bytes(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    publish(
+        &ch,
+        &dlq,
+        amqp_dead_letter("m-3", &queue).as_bytes(),
+        BasicProperties::default(),
+    )
+    .await;
+    publish(&ch, &dlq, &poison, BasicProperties::default()).await;
+    publish(&ch, &dlq, b"plain text", BasicProperties::default()).await;
+
+    // list: the first N, in order, and every one stays.
+    let o = run_on(&url, &["dlq", "list", &queue, "--limit", "2", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed = json_lines(&o);
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["meta_id"], "m-1");
+    assert_eq!(listed[0]["reason"], "failed");
+    assert_eq!(listed[0]["error"], "boom m-1");
+    assert_eq!(listed[0]["attempts"], 3);
+    assert_eq!(listed[0]["failed_at_utc"], "2023-11-14T22:13:20.123Z");
+    assert_eq!(listed[1]["meta_id"], "m-2");
+    assert_eq!(listed[1]["original_queue"], other.as_str());
+    assert_eq!(ready(&ch, &dlq).await, 5);
+    let o = run_on(&url, &["dlq", "list", &queue]);
+    let text = stdout(&o);
+    assert!(text.contains("5 dead letter(s), showing 5"), "{text}");
+    assert!(text.contains("poison wrapper"), "{text}");
+    assert!(text.contains("meta.id=m-3"), "{text}");
+    assert_eq!(ready(&ch, &dlq).await, 5);
+    let o = run_on(&url, &["dlq", "list", &queue, "--help"]);
+    assert!(stdout(&o).contains("redelivered"), "{}", stdout(&o));
+
+    // requeue --id m-2: to its original queue, block gone, attempts 0, headers kept; the
+    // others stay.
+    let o = run_on(&url, &["dlq", "requeue", &queue, "--id", "m-2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("requeued meta.id=m-2 to {other}")),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(ready(&ch, &dlq).await, 4);
+    assert_eq!(ready(&ch, &queue).await, 0);
+    let back = take(&ch, &other).await;
+    assert_eq!(
+        String::from_utf8(back.data).unwrap(),
+        format!(
+            r#"{{"job":"urn:babel:test:charge","trace_id":"t-m-2","data":{{"z":1,"a":2}},"meta":{{"id":"m-2","queue":"{other}","lang":"go","schema_version":1,"created_at":1}},"attempts":0,"x_extra":true}}"#
+        )
+    );
+    let props = back.properties;
+    assert_eq!(
+        props.message_id().as_ref().map(ShortString::as_str),
+        Some("m-2")
+    );
+    assert_eq!(props.delivery_mode(), &Some(2));
+    let h = props.headers().as_ref().expect("headers");
+    assert_eq!(
+        h.inner().get("traceparent"),
+        Some(&AMQPValue::LongString(LongString::from("00-abc-def-01")))
+    );
+    assert_eq!(h.inner().get("x-attempts"), Some(&AMQPValue::LongInt(0)));
+    let o = run_on(&url, &["dlq", "requeue", &queue, "--id", "m-2"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no dead letter with meta.id m-2"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(ready(&ch, &dlq).await, 4);
+
+    // requeue --all: m-1 and m-3 move (in order); the poison wrapper and the text stay.
+    let o = run_on(
+        &url,
+        &["dlq", "requeue", &queue, "--all", "--keep-attempts"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("skipped 1 poison wrapper"), "{err}");
+    assert!(
+        err.contains("skipped 1 dead letter(s) that are not JSON"),
+        "{err}"
+    );
+    assert!(
+        stdout(&o).contains(&format!("requeued 2 dead letter(s) from {dlq} to {queue}")),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(ready(&ch, &queue).await, 2);
+    for id in ["m-1", "m-3"] {
+        let m = take(&ch, &queue).await;
+        let v: Value = serde_json::from_slice(&m.data).unwrap();
+        assert_eq!(v["meta"]["id"], id);
+        assert_eq!(v["attempts"], 3, "--keep-attempts");
+        assert!(v.get("dead_letter").is_none());
+    }
+    assert_eq!(ready(&ch, &dlq).await, 2);
+
+    // recover-poison: the original bytes; the text body stays.
+    let o = run_on(&url, &["dlq", "recover-poison", &queue, "--to", &to]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("recovered 1 poison message(s)"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(take(&ch, &to).await.data, garbage);
+    assert_eq!(ready(&ch, &dlq).await, 1);
+    assert_eq!(take(&ch, &dlq).await.data, b"plain text");
+
+    // The last requeue of an empty dead-letter queue moves nothing and is no error.
+    let o = run_on(&url, &["dlq", "requeue", &queue, "--all"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("requeued 0 dead letter(s)"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(ready(&ch, &dlq).await, 0);
+
+    delete_queues(&ch, &[queue, dlq, other, to]).await;
+    conn.close(200, ShortString::from("done")).await.unwrap();
+}
