@@ -20,7 +20,7 @@ use std::time::Duration;
 use babelqueue::outbox::{OutboxRelay, OutboxStore};
 use babelqueue::runtime::{App, InMemoryTransport, Transport};
 use babelqueue::sqlite::{SqliteOutbox, rusqlite};
-use babelqueue::{BoxError, Envelope, InMemoryStore, guard};
+use babelqueue::{BoxError, Envelope, Guard, InMemoryStore};
 
 const CREATED: &str = "urn:babel:orders:created";
 
@@ -91,7 +91,7 @@ async fn run() -> Result<bool, BoxError> {
         .route_sync(CREATED, {
             let (shipped, store) = (shipped.clone(), store.clone());
             move |env: &Envelope| {
-                guard(&*store, env, || {
+                Guard::new(&*store).run(env, || {
                     shipped.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), BoxError>(())
                 })

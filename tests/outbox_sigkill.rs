@@ -22,7 +22,7 @@ use babelqueue::redis::keys::queue_keys;
 use babelqueue::redis::{RedisTransport, redis};
 use babelqueue::runtime::{App, Delivery, Transport, TransportError};
 use babelqueue::sqlite::SqliteOutbox;
-use babelqueue::{Envelope, InMemoryStore, guard};
+use babelqueue::{Envelope, Guard, InMemoryStore};
 
 const CHILD: &str = "BQ_OUTBOX_CHILD";
 /// What the relay process prints once Redis accepted the row (libtest may print on the
@@ -163,7 +163,7 @@ async fn after_the_kill(outbox: Arc<dyn OutboxStore>, queue: &str, env: &Envelop
             let (charged, store, bodies) = (charged.clone(), store.clone(), bodies.clone());
             move |e: &Envelope| {
                 bodies.lock().unwrap().push(e.encode());
-                guard(&*store, e, || {
+                Guard::new(&*store).run(e, || {
                     charged.fetch_add(1, Ordering::SeqCst);
                     Ok::<(), BoxError>(())
                 })
