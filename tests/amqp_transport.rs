@@ -403,7 +403,11 @@ async fn a_zero_timeout_reserve_waits_for_a_delivery_on_its_way_then_not_at_all(
     // reserve returns at once.
     let start = Instant::now();
     assert!(t.reserve(&queue, Duration::ZERO).await.unwrap().is_none());
-    assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
     let start = Instant::now();
     assert!(t.reserve(&queue, Duration::ZERO).await.unwrap().is_none());
     assert!(

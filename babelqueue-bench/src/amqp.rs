@@ -44,7 +44,9 @@ pub async fn preload(url: &str, queue: &str, bodies: &[Vec<u8>]) -> Result<(), B
     match ready(&conn, queue).await? {
         Some(0) | None => {}
         Some(n) => {
-            return Err(format!("queue `{queue}` already holds {n} messages: use a fresh name").into());
+            return Err(
+                format!("queue `{queue}` already holds {n} messages: use a fresh name").into(),
+            );
         }
     }
     let producer = AmqpTransport::open(url).await?;
@@ -56,8 +58,12 @@ pub async fn preload(url: &str, queue: &str, bodies: &[Vec<u8>]) -> Result<(), B
     let next = Arc::new(AtomicUsize::new(1));
     let mut tasks = Vec::with_capacity(LOAD_IN_FLIGHT);
     for _ in 0..LOAD_IN_FLIGHT {
-        let (producer, bodies, next, queue) =
-            (producer.clone(), bodies.clone(), next.clone(), queue.to_owned());
+        let (producer, bodies, next, queue) = (
+            producer.clone(),
+            bodies.clone(),
+            next.clone(),
+            queue.to_owned(),
+        );
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);

@@ -530,8 +530,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         return Ok(());
     }
     // Redis figures: the broker's on Redis; the store's on RabbitMQ with the Redis store.
-    let mut raw = if args.broker == Broker::Redis
-        || (args.store == StoreKind::Redis && !args.bare)
+    let mut raw = if args.broker == Broker::Redis || (args.store == StoreKind::Redis && !args.bare)
     {
         Some(
             redis::Client::open(args.url.as_str())?
