@@ -651,3 +651,34 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workload_is_n_originals_and_byte_identical_duplicates() {
+        let all = workload(100, 0.5, 7).unwrap();
+        assert_eq!(all.len(), 150);
+        let mut counts = std::collections::HashMap::new();
+        for body in &all {
+            *counts.entry(body.clone()).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 100, "100 distinct payments");
+        assert_eq!(counts.values().filter(|&&c| c == 2).count(), 50);
+        assert!(counts.values().all(|&c| c <= 2));
+    }
+
+    #[test]
+    fn a_duplicate_fraction_out_of_range_is_an_error() {
+        assert!(workload(10, 1.5, 7).is_err());
+        assert!(workload(10, -0.1, 7).is_err());
+    }
+
+    #[test]
+    fn fresh_queues_are_unique_amqp_names() {
+        let (a, b) = (amqp::fresh_queue(), amqp::fresh_queue());
+        assert_ne!(a, b);
+        assert!(a.starts_with("bench.payments.") && a.len() <= 255, "{a}");
+    }
+}
