@@ -3,6 +3,7 @@
 #
 #   bash scripts/perf-vs-python.sh            # N=20000, DUP_FRAC=0.5, RUNS=3
 #   N=50000 RUNS=5 bash scripts/perf-vs-python.sh
+#   BROKER=amqp bash scripts/perf-vs-python.sh   # on RabbitMQ: scripts/perf-vs-python-amqp.sh
 #
 # What it does, from a fresh machine:
 #   1. makes a venv (target/py-bench-venv) with the upstream SDK from PyPI:
@@ -21,6 +22,12 @@
 #      per duplicate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+case "${BROKER:-redis}" in
+  redis) ;;
+  amqp) exec bash scripts/perf-vs-python-amqp.sh ;;
+  *) echo "BROKER must be redis or amqp, got ${BROKER}" >&2; exit 2 ;;
+esac
 
 N=${N:-20000}
 DUP_FRAC=${DUP_FRAC:-0.5}
@@ -49,7 +56,7 @@ fi
 
 echo "==> cargo build --release -p babelqueue-bench"
 cargo build --quiet --release -p babelqueue-bench
-BENCH=target/release/babelqueue-bench
+BENCH=${CARGO_TARGET_DIR:-target}/release/babelqueue-bench
 
 dir=$(mktemp -d)
 taskset -c "$SERVER_CPU" redis-server --port "$PORT" --bind 127.0.0.1 --save "" \

@@ -6,6 +6,12 @@ Redis transport, the handler wrapped by the SDK's `idempotency.wrap` over a Redi
 the cross-SDK (Go) layout: key `bq:idemp:<meta.id>`, value `1`, seen = EXISTS,
 remember = SET NX, forget = DEL.
 
+With `--broker amqp --amqp-url URL --queue NAME` (scripts/perf-vs-python-amqp.sh, after
+`babelqueue-bench --broker amqp --preload-only --queue NAME`): the same consume loop over
+the SDK's pika transport (`babelqueue[amqp]`: basic_get + manual ack) on RabbitMQ, the
+same guard over the same Redis store (`--url` is then the store's Redis only); the queue
+is checked empty and deleted at the end.
+
 Prints one line: deliveries=.. msgs_per_s=.. effects=.. skips=.. redis_cmds_per_delivery=..
 and exits non-zero when effects != N or anything is left in the queue's lists.
 """
@@ -63,7 +69,12 @@ def main() -> int:
     ap.add_argument("--n", type=int, required=True, help="distinct payments")
     ap.add_argument("--deliveries", type=int, required=True, help="messages on the queue")
     ap.add_argument("--prefix", required=True, help="dedupe key prefix for this run")
+    ap.add_argument("--broker", choices=("redis", "amqp"), default="redis")
+    ap.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
+    ap.add_argument("--queue", default=QUEUE, help="the queue (amqp: the pre-loaded one)")
     args = ap.parse_args()
+    if args.broker == "amqp":
+        return run_amqp(args)
 
     client = redis.Redis.from_url(args.url)
     effects = 0
@@ -99,6 +110,53 @@ def main() -> int:
         print(
             f"check failed: effects={effects} (want {args.n}), handled={handled} "
             f"(want {args.deliveries}), left={left}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def run_amqp(args: argparse.Namespace) -> int:
+    import pika
+    from babelqueue.pika_transport import PikaTransport
+
+    client = redis.Redis.from_url(args.url)
+    effects = 0
+
+    def charge(data, meta, *rest):
+        nonlocal effects
+        effects += 1
+
+    transport = PikaTransport(args.amqp_url)
+    app = BabelQueue(transport=transport, queue=args.queue)
+    app.register(URN, wrap(GoLayoutRedisStore(client, args.prefix), charge))
+
+    before = commands_processed(client)
+    reads_before = reads_processed(client)
+    start = time.perf_counter()
+    handled = app.consume(max_messages=args.deliveries, timeout=1.0, handle_signals=False)
+    secs = time.perf_counter() - start
+    reads_after = reads_processed(client)
+    after = commands_processed(client)
+    transport.close()
+
+    conn = pika.BlockingConnection(pika.URLParameters(args.amqp_url))
+    try:
+        ch = conn.channel()
+        left = ch.queue_declare(queue=args.queue, passive=True).method.message_count
+        ch.queue_delete(queue=args.queue)
+    finally:
+        conn.close()
+    skips = handled - effects
+    print(
+        f"deliveries={handled} msgs_per_s={handled / secs:.0f} effects={effects} "
+        f"skips={skips} redis_cmds_per_delivery={(after - before) / max(handled, 1):.2f} "
+        f"redis_reads_per_delivery={max(reads_after - reads_before - 1, 0) / max(handled, 1):.2f}"
+    )
+    if effects != args.n or handled != args.deliveries or left:
+        print(
+            f"check failed: effects={effects} (want {args.n}), handled={handled} "
+            f"(want {args.deliveries}), left on {args.queue}: {left}",
             file=sys.stderr,
         )
         return 1

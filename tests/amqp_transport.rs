@@ -373,3 +373,49 @@ async fn an_empty_queue_reserves_nothing_in_time() {
     t.leave(&queue).await.unwrap();
     delete_all(&queue).await;
 }
+
+#[tokio::test]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn a_zero_timeout_reserve_waits_for_a_delivery_on_its_way_then_not_at_all() {
+    let queue = unique_queue("active");
+    // Prefetch 1: the broker pushes the second message only after the first one's ack.
+    let t = transport().await.with_prefetch(1);
+    for _ in 0..2 {
+        t.publish_raw(&queue, envelope("urn:babel:x:y", 0))
+            .await
+            .unwrap();
+    }
+    let first = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the first message");
+    t.ack(&first).await.unwrap();
+    // The stream is active: the next delivery is a round trip away, and a zero-timeout
+    // reserve takes it instead of reporting an empty queue.
+    let second = t
+        .reserve(&queue, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the delivery on its way");
+    t.ack(&second).await.unwrap();
+    // The queue is empty: one bounded wait, then the stream is quiet and a zero-timeout
+    // reserve returns at once.
+    let start = Instant::now();
+    assert!(t.reserve(&queue, Duration::ZERO).await.unwrap().is_none());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    let start = Instant::now();
+    assert!(t.reserve(&queue, Duration::ZERO).await.unwrap().is_none());
+    assert!(
+        start.elapsed() < Duration::from_millis(5),
+        "a quiet stream does not wait: {:?}",
+        start.elapsed()
+    );
+    t.leave(&queue).await.unwrap();
+    assert_eq!(ready(&queue).await, 0);
+    delete_all(&queue).await;
+}

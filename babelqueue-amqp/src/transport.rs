@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
@@ -33,6 +33,14 @@ const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 
 /// How long opening a connection may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a zero-timeout reserve waits for the next delivery while the consumer's stream
+/// is active (it delivered since its last wait ran out). A broker pushes deliveries: an
+/// empty stash right after an ack usually means the next message is a round trip away, not
+/// that the queue is empty (on Redis a zero-timeout reserve is that round trip). Once such
+/// a wait runs out the stream counts as quiet, and zero-timeout reserves return at once
+/// until it delivers again, so a drain's end costs one wait, not one per reserve.
+const ACTIVE_GRACE: Duration = Duration::from_millis(10);
 
 /// The longest [`Transport::next_due`] answers while a delay queue holds messages: the
 /// drain looks again at least this often.
@@ -97,6 +105,9 @@ struct Consume {
     stream: tokio::sync::Mutex<Stash>,
     /// Taken by a reserve and not settled yet.
     outstanding: AtomicU64,
+    /// The stream delivered nothing within [`ACTIVE_GRACE`] of the last zero-timeout
+    /// reserve that waited (reset by every delivery).
+    quiet: AtomicBool,
 }
 
 struct Stash {
@@ -542,6 +553,7 @@ impl AmqpTransport {
                 ended: None,
             }),
             outstanding: AtomicU64::new(0),
+            quiet: AtomicBool::new(false),
         });
         lock(&conn.consumers).insert(queue.to_owned(), Arc::clone(&c));
         Ok(c)
@@ -573,6 +585,7 @@ impl AmqpTransport {
 
     fn wrap(&self, c: &Consume, queue: &str, d: lapin::message::Delivery) -> Delivery {
         c.outstanding.fetch_add(1, Ordering::Relaxed);
+        c.quiet.store(false, Ordering::Relaxed);
         let tag = pack_tag(c.id, d.delivery_tag);
         let headers = out_of_band(d.properties.headers().as_ref());
         Delivery::native(queue, d.data, headers, tag)
@@ -586,10 +599,17 @@ impl AmqpTransport {
         let conn = self.conn().await?;
         let c = self.consumer(&conn, queue).await?;
         let deadline = Instant::now() + timeout;
+        let active = timeout.is_zero() && !c.quiet.load(Ordering::Relaxed);
         let mut stash = if timeout.is_zero() {
-            // Another reserve is waiting on the stream: it takes what arrives.
             match c.stream.try_lock() {
                 Ok(s) => s,
+                // Another reserve is waiting on the stream: while it is active, queue
+                // behind it (deliveries are on their way); otherwise it takes what arrives.
+                Err(_) if active => match tokio::time::timeout(ACTIVE_GRACE, c.stream.lock()).await
+                {
+                    Ok(s) => s,
+                    Err(_) => return Ok(None),
+                },
                 Err(_) => return Ok(None),
             }
         } else {
@@ -609,11 +629,21 @@ impl AmqpTransport {
                 "the consumer of `{queue}` stopped: {why}"
             )));
         }
-        if timeout.is_zero() {
-            return Ok(None);
-        }
+        let deadline = if timeout.is_zero() {
+            if c.quiet.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            Instant::now() + ACTIVE_GRACE
+        } else {
+            deadline
+        };
         match tokio::time::timeout_at(deadline, next(&mut stash.consumer)).await {
-            Err(_) => Ok(None),
+            Err(_) => {
+                if timeout.is_zero() {
+                    c.quiet.store(true, Ordering::Relaxed);
+                }
+                Ok(None)
+            }
             Ok(Some(Ok(d))) => Ok(Some(self.wrap(&c, queue, d))),
             Ok(other) => {
                 drop(stash);
@@ -788,6 +818,7 @@ impl AmqpTransport {
             if let Ok(mut stash) = c.stream.try_lock() {
                 stash.fill();
                 if !stash.ahead.is_empty() {
+                    c.quiet.store(false, Ordering::Relaxed);
                     return Ok(Some(Duration::ZERO));
                 }
             } else {

@@ -18,15 +18,31 @@
 //! The last line is
 //! `deliveries=.. msgs_per_s=.. effects=.. skips=.. redis_cmds_per_delivery=..`
 //! with the median run's figures.
+//!
+//! `--broker amqp` runs the same workload on RabbitMQ (`--amqp-url`): each run loads the
+//! bytes onto a fresh queue `bench.payments.<uuid>` (the family's projection, persistent,
+//! confirmed; not timed), drains it with the real `App` over `AmqpTransport` (prefetch =
+//! `--concurrency`), checks effects, skips and that the queue is empty, and deletes it.
+//! `--url` is then only the Redis store's server (its commands per delivery are the
+//! store's). `--bare` drains the same queue with a bare lapin consume + ack loop
+//! (prefetch = `--concurrency`, no runtime, no guard): the client's ceiling.
+//!
+//! ```text
+//! cargo run --release -p babelqueue-bench -- --broker amqp --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f --concurrency 8
+//! cargo run --release -p babelqueue-bench -- --broker amqp --bare --concurrency 8
+//! ```
+
+mod amqp;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use babelqueue::amqp::AmqpTransport;
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::redis::{self, aio::MultiplexedConnection};
 use babelqueue::redis::{RedisStore, RedisTransport};
-use babelqueue::runtime::App;
+use babelqueue::runtime::{App, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
     AsyncLeaseStore, AsyncStore, BoxError, Envelope, Guard, InMemoryStore, store::IntoHandlerError,
@@ -38,6 +54,14 @@ use rand::seq::SliceRandom;
 
 const URN: &str = "urn:babel:payments:charge";
 const QUEUE: &str = "bench:payments";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Broker {
+    /// Redis lists (`--url`), as today.
+    Redis,
+    /// RabbitMQ (`--amqp-url`); `--url` is then the Redis store's server.
+    Amqp,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum StoreKind {
@@ -59,11 +83,25 @@ enum Mode {
     Lease,
 }
 
-/// Drains a pre-loaded Redis queue through babelqueue's runtime, guard and store, and
-/// prints deliveries per second.
+/// Drains a pre-loaded Redis (or RabbitMQ) queue through babelqueue's runtime, guard and
+/// store, and prints deliveries per second.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// The broker the workload is loaded onto and drained from.
+    #[arg(long, value_enum, default_value_t = Broker::Redis)]
+    broker: Broker,
+    /// RabbitMQ's URL (`--broker amqp`).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_url: String,
+    /// `--broker amqp --preload-only`: the queue to load (default: a fresh
+    /// `bench.payments.<uuid>`, printed). Timed runs always use a fresh queue each.
+    #[arg(long)]
+    queue: Option<String>,
+    /// `--broker amqp`: drain with a bare lapin consume + ack loop (prefetch =
+    /// `--concurrency`) instead of the runtime: no guard, no store.
+    #[arg(long)]
+    bare: bool,
     /// Distinct payments.
     #[arg(long, default_value_t = 20_000)]
     n: usize,
@@ -82,7 +120,7 @@ struct Args {
     /// Timed runs; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// The broker's Redis (also the Redis store's).
+    /// The broker's Redis (also the Redis store's); with `--broker amqp`, the Redis store's.
     #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
     url: String,
     /// The PostgreSQL store's URL (`--store postgres`).
@@ -238,7 +276,8 @@ async fn clear_queue(conn: &mut MultiplexedConnection) -> Result<(), BoxError> {
 /// Builds the consumer: one handler for the payments URN, guarded by `store` in `mode`,
 /// counting its effects.
 fn consumer<S>(
-    transport: RedisTransport,
+    transport: impl Transport,
+    queue: &str,
     store: Arc<S>,
     mode: Mode,
     concurrency: usize,
@@ -249,7 +288,7 @@ where
     S::Error: IntoHandlerError<BoxError>,
 {
     App::new(transport)
-        .queue(QUEUE)
+        .queue(queue)
         .concurrency(concurrency)
         .route_async(URN, move |env: Envelope| {
             let (store, effects) = (store.clone(), effects.clone());
@@ -283,7 +322,144 @@ async fn preload(conn: &mut MultiplexedConnection, bodies: &[Vec<u8>]) -> Result
     Ok(())
 }
 
+/// Checks a run's figures: every payment charged once, every duplicate skipped, and
+/// nothing left (`left` describes what is).
+fn check(run: &Run, stats: &Stats, n: u64, d: u64, left: &str) -> Result<(), BoxError> {
+    // Deliveries deferred because their id was in flight elsewhere (lease mode) come back
+    // and are delivered again: they are counted as deliveries, not as effects or skips.
+    let settled = run.deliveries - stats.deferred;
+    if settled != n + d || run.effects != n || run.skips != d || !left.is_empty() {
+        return Err(format!(
+            "check failed: deliveries={} (want {} + deferred {}), effects={} (want {n}), \
+             skips={} (want {d}), left: {left}; stats: {stats:?}",
+            run.deliveries,
+            n + d,
+            stats.deferred,
+            run.effects,
+            run.skips
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// One run on the broker `args.broker`.
 async fn one_run<S>(
+    args: &Args,
+    bodies: &[Vec<u8>],
+    store: Arc<S>,
+    raw: Option<&mut MultiplexedConnection>,
+) -> Result<Run, BoxError>
+where
+    S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    match (args.broker, raw) {
+        (Broker::Redis, Some(raw)) => one_run_redis(args, bodies, store, raw).await,
+        (Broker::Redis, None) => Err("the Redis broker needs its connection".into()),
+        (Broker::Amqp, raw) => one_run_amqp(args, bodies, store, raw).await,
+    }
+}
+
+/// Redis figures around `f`: `(result, commands, reads)`, when there is a connection.
+async fn counted<T, F: Future<Output = T>>(
+    raw: Option<&mut MultiplexedConnection>,
+    f: F,
+) -> Result<(T, u64, u64), BoxError> {
+    let Some(raw) = raw else {
+        return Ok((f.await, 0, 0));
+    };
+    let before = commands_processed(raw).await?;
+    let reads_before = reads_processed(raw).await?;
+    let out = f.await;
+    let reads_after = reads_processed(raw).await?;
+    let after = commands_processed(raw).await?;
+    // The two INFO calls between the marks are left out.
+    Ok((
+        out,
+        after - before,
+        (reads_after - reads_before).saturating_sub(1),
+    ))
+}
+
+/// One run on RabbitMQ: a fresh queue, loaded, drained (by the `App` or the bare loop),
+/// checked, deleted.
+async fn one_run_amqp<S>(
+    args: &Args,
+    bodies: &[Vec<u8>],
+    store: Arc<S>,
+    raw: Option<&mut MultiplexedConnection>,
+) -> Result<Run, BoxError>
+where
+    S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    let queue = amqp::fresh_queue();
+    let admin = amqp::connect(&args.amqp_url).await?;
+    let run = async {
+        amqp::preload(&args.amqp_url, &queue, bodies).await?;
+        let total = bodies.len() as u64;
+        let n = args.n as u64;
+        let prefetch = u16::try_from(args.concurrency).unwrap_or(u16::MAX);
+        if args.bare {
+            let secs = amqp::bare(&admin, &queue, prefetch, total).await?;
+            let left = amqp::ready(&admin, &queue).await?.unwrap_or(0);
+            if left != 0 {
+                return Err(format!("the bare loop left {left} messages on `{queue}`").into());
+            }
+            return Ok(Run {
+                deliveries: total,
+                secs,
+                effects: 0,
+                skips: 0,
+                redis_cmds: 0,
+                redis_reads: 0,
+            });
+        }
+        let transport = AmqpTransport::open(&args.amqp_url).await?;
+        let effects = Arc::new(AtomicU64::new(0));
+        let app = consumer(
+            transport,
+            &queue,
+            store,
+            args.mode,
+            args.concurrency,
+            effects.clone(),
+        );
+        let (out, redis_cmds, redis_reads) = counted(raw, async {
+            let start = Instant::now();
+            let stats = app.drain().await;
+            (stats, start.elapsed().as_secs_f64())
+        })
+        .await?;
+        let (stats, secs) = out;
+        let stats = stats?;
+        app.transport().leave(&queue).await?;
+        let run = Run {
+            deliveries: stats.processed,
+            secs,
+            effects: effects.load(Ordering::Relaxed),
+            skips: stats.skipped,
+            redis_cmds,
+            redis_reads,
+        };
+        let left = match amqp::ready(&admin, &queue).await? {
+            Some(0) => String::new(),
+            Some(k) => format!("{k} ready on `{queue}`"),
+            None => format!("the queue `{queue}` is gone"),
+        };
+        check(&run, &stats, n, total - n, &left)?;
+        Ok::<Run, BoxError>(run)
+    }
+    .await;
+    let deleted = amqp::delete(&admin, &queue).await;
+    let _ = admin.close(200, "bench done".into()).await;
+    let run = run?;
+    deleted?;
+    Ok(run)
+}
+
+async fn one_run_redis<S>(
     args: &Args,
     bodies: &[Vec<u8>],
     store: Arc<S>,
@@ -301,6 +477,7 @@ where
     let effects = Arc::new(AtomicU64::new(0));
     let app = consumer(
         transport,
+        QUEUE,
         store,
         args.mode,
         args.concurrency,
@@ -325,21 +502,12 @@ where
     let n = args.n as u64;
     let d = bodies.len() as u64 - n;
     let left = leftovers(raw).await?;
-    // Deliveries deferred because their id was in flight elsewhere (lease mode) come back
-    // and are delivered again: they are counted as deliveries, not as effects or skips.
-    let settled = run.deliveries - stats.deferred;
-    if settled != n + d || run.effects != n || run.skips != d || !left.is_empty() {
-        return Err(format!(
-            "check failed: deliveries={} (want {} + deferred {}), effects={} (want {n}), \
-             skips={} (want {d}), left in the queue's lists: {left:?}; stats: {stats:?}",
-            run.deliveries,
-            n + d,
-            stats.deferred,
-            run.effects,
-            run.skips
-        )
-        .into());
-    }
+    let left = if left.is_empty() {
+        String::new()
+    } else {
+        format!("in the queue's lists: {left:?}")
+    };
+    check(&run, &stats, n, d, &left)?;
     Ok(run)
 }
 
@@ -347,12 +515,33 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     if args.runs == 0 || args.n == 0 || args.concurrency == 0 {
         return Err("--n, --runs and --concurrency must be at least 1".into());
     }
+    if args.broker == Broker::Redis && (args.bare || args.queue.is_some()) {
+        return Err("--bare and --queue are for --broker amqp".into());
+    }
+    if args.broker == Broker::Amqp && args.concurrency > usize::from(u16::MAX) {
+        return Err("--concurrency is the AMQP prefetch: at most 65535".into());
+    }
     let bodies = workload(args.n, args.dup_frac, args.seed)?;
-    let mut raw = redis::Client::open(args.url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+    if args.broker == Broker::Amqp && args.preload_only {
+        let queue = args.queue.clone().unwrap_or_else(amqp::fresh_queue);
+        amqp::preload(&args.amqp_url, &queue, &bodies).await?;
+        println!("preloaded={} queue={queue}", bodies.len());
+        return Ok(());
+    }
+    // Redis figures: the broker's on Redis; the store's on RabbitMQ with the Redis store.
+    let mut raw = if args.broker == Broker::Redis || (args.store == StoreKind::Redis && !args.bare)
+    {
+        Some(
+            redis::Client::open(args.url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        )
+    } else {
+        None
+    };
     if args.preload_only {
-        preload(&mut raw, &bodies).await?;
+        let raw = raw.as_mut().ok_or("no Redis connection")?;
+        preload(raw, &bodies).await?;
         println!("preloaded={} queue={QUEUE}", bodies.len());
         return Ok(());
     }
@@ -363,7 +552,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let run = match args.store {
             StoreKind::Memory => {
-                one_run(&args, &bodies, Arc::new(InMemoryStore::new()), &mut raw).await?
+                one_run(&args, &bodies, Arc::new(InMemoryStore::new()), raw.as_mut()).await?
             }
             StoreKind::Redis => {
                 // Go layout under a per-run prefix, expiring on its own.
@@ -373,7 +562,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
                     .tcp_nodelay(args.nodelay)
                     .connect()
                     .await?;
-                one_run(&args, &bodies, Arc::new(store), &mut raw).await?
+                one_run(&args, &bodies, Arc::new(store), raw.as_mut()).await?
             }
             StoreKind::Postgres => {
                 let store = PostgresStore::builder(args.postgres_url.as_str())
@@ -382,7 +571,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
                     .connect()
                     .await?;
                 store.migrate().await?;
-                let run = one_run(&args, &bodies, Arc::new(store.clone()), &mut raw).await;
+                let run = one_run(&args, &bodies, Arc::new(store.clone()), raw.as_mut()).await;
                 let client = store.pool().get().await?;
                 client
                     .batch_execute(&format!("DROP TABLE IF EXISTS bq_bench_{tag}"))
@@ -392,7 +581,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
             StoreKind::Embedded => {
                 std::fs::create_dir_all(&tmp)?;
                 let store = SqliteStore::open(tmp.join(format!("{tag}.sqlite3")))?;
-                one_run(&args, &bodies, Arc::new(store), &mut raw).await?
+                one_run(&args, &bodies, Arc::new(store), raw.as_mut()).await?
             }
         };
         eprintln!(
@@ -410,11 +599,17 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         runs.push(run);
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    clear_queue(&mut raw).await?;
+    if args.broker == Broker::Redis
+        && let Some(raw) = raw.as_mut()
+    {
+        clear_queue(raw).await?;
+    }
     runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
     let median = &runs[runs.len() / 2];
     println!(
-        "store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={} nodelay={}",
+        "broker={:?} bare={} store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={} nodelay={}",
+        args.broker,
+        args.bare,
         args.store,
         args.mode,
         args.concurrency,
@@ -453,5 +648,36 @@ fn main() {
     if let Err(e) = rt.block_on(bench(args)) {
         eprintln!("babelqueue-bench: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workload_is_n_originals_and_byte_identical_duplicates() {
+        let all = workload(100, 0.5, 7).unwrap();
+        assert_eq!(all.len(), 150);
+        let mut counts = std::collections::HashMap::new();
+        for body in &all {
+            *counts.entry(body.clone()).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 100, "100 distinct payments");
+        assert_eq!(counts.values().filter(|&&c| c == 2).count(), 50);
+        assert!(counts.values().all(|&c| c <= 2));
+    }
+
+    #[test]
+    fn a_duplicate_fraction_out_of_range_is_an_error() {
+        assert!(workload(10, 1.5, 7).is_err());
+        assert!(workload(10, -0.1, 7).is_err());
+    }
+
+    #[test]
+    fn fresh_queues_are_unique_amqp_names() {
+        let (a, b) = (amqp::fresh_queue(), amqp::fresh_queue());
+        assert_ne!(a, b);
+        assert!(a.starts_with("bench.payments.") && a.len() <= 255, "{a}");
     }
 }
