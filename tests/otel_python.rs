@@ -146,7 +146,10 @@ async fn python_publishes_with_its_otel_helper_and_the_rust_consumer_continues_t
     );
     assert!(consumer.parent_span_is_remote);
     // Python also stamped its trace into the envelope: the two agree.
-    assert_eq!(handled[0].trace_id, sent["envelope_trace_id"].as_str().unwrap());
+    assert_eq!(
+        handled[0].trace_id,
+        sent["envelope_trace_id"].as_str().unwrap()
+    );
     assert_eq!(
         otel::trace_id_of(&handled[0].trace_id),
         consumer.span_context.trace_id()
@@ -160,7 +163,10 @@ async fn rust_publishes_and_the_python_consumer_reads_the_same_trace() {
     let q = QueueGuard::new("otel-rs2py", &shared_url());
     let transport = RedisTransport::connect(&shared_url()).await.unwrap();
     let app = App::new(transport).queue(q.name.clone());
-    let sent = app.publish(CREATED, &json!({"order_id": 1042})).await.unwrap();
+    let sent = app
+        .publish(CREATED, &json!({"order_id": 1042}))
+        .await
+        .unwrap();
     let producer = traced.span(SpanKind::Producer, &sent.meta.id);
 
     let got = python_otel("consume", &q.name, &[]);
@@ -205,7 +211,11 @@ async fn without_traceparent_both_sdks_derive_the_trace_from_trace_id() {
     // Python → Rust: `app.publish` with a UUID trace_id and no header.
     let q = QueueGuard::new("otel-plain-py2rs", &shared_url());
     let uuid_trace = uuid::Uuid::new_v4().to_string();
-    let sent = python_otel("publish_plain", &q.name, &[("TRACE_ID", uuid_trace.as_str())]);
+    let sent = python_otel(
+        "publish_plain",
+        &q.name,
+        &[("TRACE_ID", uuid_trace.as_str())],
+    );
     let handled = rust_consume(&q.name).await;
     assert_eq!(handled.len(), 1);
     let consumer = traced.span(SpanKind::Consumer, sent["message_id"].as_str().unwrap());

@@ -115,6 +115,9 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
         producer.span_context.trace_id(),
         babelqueue_core::runtime::otel::trace_id_of(&untraced.trace_id)
     );
-    assert_eq!(own.span_context.trace_id(), producer.span_context.trace_id());
+    assert_eq!(
+        own.span_context.trace_id(),
+        producer.span_context.trace_id()
+    );
     assert_eq!(own.parent_span_id, producer.span_context.span_id());
 }

@@ -92,7 +92,10 @@ async fn a_publish_then_a_consume_is_one_trace_producer_then_consumer() {
     let app = App::new(t.clone())
         .queue(q)
         .route_sync(CREATED, |_: &Envelope| ());
-    let sent = app.publish(CREATED, &json!({"order_id": 1042})).await.unwrap();
+    let sent = app
+        .publish(CREATED, &json!({"order_id": 1042}))
+        .await
+        .unwrap();
 
     // The traceparent rides in the header frame, beside the envelope, never in it.
     let headers = waiting_headers(&t, q).await.expect("a header frame");
@@ -291,7 +294,11 @@ async fn publish_raw_and_the_relay_add_a_traceparent_but_keep_their_bytes() {
 
     let mut got = Vec::new();
     while let Some(d) = t.reserve(q, Duration::ZERO).await.unwrap() {
-        got.push((d.body().to_vec(), d.element().to_vec(), d.headers().cloned()));
+        got.push((
+            d.body().to_vec(),
+            d.element().to_vec(),
+            d.headers().cloned(),
+        ));
     }
     assert_eq!(got.len(), 4);
     let spans = traced.spans();

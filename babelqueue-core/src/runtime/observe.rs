@@ -176,12 +176,19 @@ pub async fn publish_traced(
         let framed = super::transport::unframe(&element);
         let (mut headers, body) = match framed {
             Some((headers, body)) => (headers, Cow::Owned(body)),
-            None => (super::transport::Headers::new(), Cow::Borrowed(&element[..])),
+            None => (
+                super::transport::Headers::new(),
+                Cow::Borrowed(&element[..]),
+            ),
         };
         let ids = super::otel::EnvelopeIds::read(&body);
         let urn = ids.job.as_deref().or(ids.urn.as_deref()).unwrap_or("");
         let span = publish_span(queue, urn, Some(body.len()));
-        let id = ids.meta.as_ref().and_then(|m| m.id.as_deref()).unwrap_or("");
+        let id = ids
+            .meta
+            .as_ref()
+            .and_then(|m| m.id.as_deref())
+            .unwrap_or("");
         record_ids(&span, id, ids.trace_id.as_deref().unwrap_or(""));
         let keeps_own = headers.contains_key(super::otel::TRACEPARENT);
         if !keeps_own && std::str::from_utf8(&body).is_ok() {
