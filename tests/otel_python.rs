@@ -118,8 +118,7 @@ async fn rust_consume(queue: &str) -> Vec<Envelope> {
             s.lock().unwrap().push(env.clone())
         });
     app.drain().await.unwrap();
-    let seen = seen.lock().unwrap().clone();
-    seen
+    seen.lock().unwrap().drain(..).collect()
 }
 
 #[tokio::test]
