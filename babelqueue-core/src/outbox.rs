@@ -340,9 +340,8 @@ impl OutboxRelay {
         let mut published = Vec::with_capacity(rows.len());
         let mut failure = None;
         for (i, row) in rows.iter().enumerate() {
-            match self
-                .transport
-                .publish_raw(&row.queue, row.payload.clone())
+            // issue 22 (tracing): a PRODUCER span per row (`publish_raw` without one).
+            match crate::runtime::publish_traced(&*self.transport, &row.queue, row.payload.clone())
                 .await
             {
                 Ok(()) => published.push(row.id),

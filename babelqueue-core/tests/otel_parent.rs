@@ -103,11 +103,21 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
         charge.span_context.trace_id(),
         traced_span.span_context.trace_id()
     );
-    // Without a traceparent, the message span starts its own trace.
+    // `App::publish` (issue 22): its PRODUCER span, in the trace of the envelope's
+    // `trace_id` (no active trace here), is the parent of the message span.
     let own = find(&untraced.meta.id);
-    assert_ne!(
-        own.span_context.trace_id().to_string(),
-        "4bf92f3577b34da6a3ce929d0e0e4736"
+    let producer = spans
+        .iter()
+        .find(|s| s.span_kind == SpanKind::Producer)
+        .expect("the publish's PRODUCER span");
+    assert_eq!(producer.name, format!("publish {CHARGE}"));
+    assert_eq!(
+        producer.span_context.trace_id(),
+        babelqueue_core::runtime::otel::trace_id_of(&untraced.trace_id)
     );
-    assert!(!own.parent_span_is_remote);
+    assert_eq!(
+        own.span_context.trace_id(),
+        producer.span_context.trace_id()
+    );
+    assert_eq!(own.parent_span_id, producer.span_context.span_id());
 }

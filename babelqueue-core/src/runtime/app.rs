@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::config::{Config, Observer};
 use super::ctx::Ctx;
+use super::observe;
 pub use super::report::DrainError;
 use super::report::{Report, Stats};
 use super::settle::RetryPolicy;
@@ -470,30 +471,47 @@ impl App {
 
     /// Builds an envelope for `urn` carrying `payload` (`meta.queue` = this queue) and
     /// publishes it. Returns the envelope sent.
+    ///
+    /// It is published in a PRODUCER span `publish <urn>`; with the `opentelemetry`
+    /// feature and an OpenTelemetry context, the span's W3C `traceparent` rides beside the
+    /// envelope as a transport header, and when a trace is active (a handler's span, a
+    /// span of yours) the envelope's `trace_id` is that trace's id as a UUID (see
+    /// the `runtime::otel` module). Without one, the bytes are what they are without the
+    /// feature.
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         urn: &str,
         payload: &T,
     ) -> Result<Envelope, PublishError> {
-        let env = Envelope::from_payload(urn, payload)?.with_queue(self.config.queue.clone());
+        let mut env = Envelope::from_payload(urn, payload)?.with_queue(self.config.queue.clone());
         // issue 22: refuse data that breaks its URN's schema (`App::schemas`).
         #[cfg(feature = "schema")]
         self.check_schema(&env)?;
-        self.transport.publish(&self.config.queue, &env).await?;
+        // issue 22 (tracing): the PRODUCER span and its `traceparent` header.
+        if let Some(trace_id) =
+            observe::publish_envelope(&*self.transport, &self.config.queue, &env, true).await?
+        {
+            env.trace_id = trace_id;
+        }
         Ok(env)
     }
 
-    /// Publishes an envelope as is to this queue.
+    /// Publishes an envelope as is to this queue (in a PRODUCER span, like
+    /// [`publish`](Self::publish); its `trace_id` is never changed).
     pub async fn publish_envelope(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.transport.publish(&self.config.queue, envelope).await
+        // issue 22 (tracing): `fresh = false`: sent as is.
+        observe::publish_envelope(&*self.transport, &self.config.queue, envelope, false)
+            .await
+            .map(|_| ())
     }
 
     /// Publishes pre-encoded bytes as is to this queue (how a redelivery of the same
-    /// message is simulated, or a foreign producer's bytes are replayed).
+    /// message is simulated, or a foreign producer's bytes are replayed), in a PRODUCER
+    /// span: see [`publish_traced`](super::publish_traced) for what the `opentelemetry`
+    /// feature adds beside the bytes.
     pub async fn publish_raw(&self, element: impl Into<Vec<u8>>) -> Result<(), TransportError> {
-        self.transport
-            .publish_raw(&self.config.queue, element.into())
-            .await
+        // issue 22 (tracing): the PRODUCER span and its `traceparent` header.
+        observe::publish_traced(&*self.transport, &self.config.queue, element.into()).await
     }
 
     /// Moves messages stranded in this queue's processing list (a crashed worker) back

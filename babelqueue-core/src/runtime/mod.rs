@@ -68,6 +68,7 @@ pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};
 pub use memory::InMemoryTransport;
+pub use observe::publish_traced;
 pub use report::{Disposition, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
