@@ -398,7 +398,7 @@ impl RedisTransport {
     }
 
     /// The heartbeat TTL written at this consumer's first reserve on a queue, before the
-    /// runtime's first [`heartbeat`](Transport::heartbeat) (default 30 s). Call before
+    /// runtime's first [`heartbeat`](babelqueue_core::runtime::ListMaintenance::heartbeat) (default 30 s). Call before
     /// first use.
     #[must_use]
     pub fn registration_ttl(self, ttl: Duration) -> Self {

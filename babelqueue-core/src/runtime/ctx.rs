@@ -17,7 +17,7 @@ use crate::handler::Router;
 use crate::inflight::Deferred;
 
 /// The frame header carrying how many times a message was released (unknown URN under
-/// [`UnknownUrnStrategy::Release`]).
+/// [`UnknownUrnStrategy::Release`](super::UnknownUrnStrategy::Release)).
 pub const RELEASES_HEADER: &str = "x-babelqueue-releases";
 
 /// The dedupe store's health as this consumer sees it: consecutive failures and the pause

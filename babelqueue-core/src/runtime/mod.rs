@@ -28,7 +28,7 @@
 //!
 //! A reserved message stays in the consumer's in-flight state until it is settled. Each
 //! [`App`] renews a heartbeat ([`App::heartbeat`]) and periodically recovers the in-flight
-//! messages of consumers whose heartbeat expired ([`Transport::recover`]), so messages of
+//! messages of consumers whose heartbeat expired ([`ListMaintenance::recover`]), so messages of
 //! a consumer that crashed come back by themselves. [`App::requeue_processing`] moves
 //! *everything* in flight back and is only safe when no consumer of the queue runs.
 //!

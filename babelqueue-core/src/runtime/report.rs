@@ -37,7 +37,7 @@ pub enum Disposition {
     /// put back unchanged after the store backoff, without counting an attempt.
     Requeued,
     /// The consumer stopped (its shutdown grace period ended) before the message could be
-    /// settled: it was left in flight, where [`Transport::recover`](super::Transport::recover)
+    /// settled: it was left in flight, where [`ListMaintenance::recover`](super::ListMaintenance::recover)
     /// finds it once this consumer is gone.
     Stranded,
 }
@@ -161,11 +161,11 @@ impl Stats {
     }
 }
 
-/// [`App::drain`] gave up: the transport kept failing for longer than
-/// [`App::give_up_after`]. In-flight messages were finished first.
+/// [`App::drain`](super::App::drain) gave up: the transport kept failing for longer than
+/// [`App::give_up_after`](super::App::give_up_after). In-flight messages were finished first.
 ///
 /// Or it did not start: a handler needs shared state the router lacks (see
-/// [`App::check_state`]); then `error` is a [`TransportError::Backend`] whose source is
+/// [`App::check_state`](super::App::check_state)); then `error` is a [`TransportError::Backend`] whose source is
 /// the [`MissingState`], and nothing was reserved.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", drain_error_message(error))]
