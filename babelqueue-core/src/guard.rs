@@ -27,7 +27,7 @@
 //! let guard = Guard::new(&store);
 //! let first = guard.run(&env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
 //! let second = guard.run(&env, || -> Result<(), std::io::Error> { charges += 1; Ok(()) })?;
-//! assert_eq!((first, second, charges), (Outcome::Ran, Outcome::Skipped, 1));
+//! assert_eq!((first.outcome, second.outcome, charges), (Outcome::Ran, Outcome::Skipped, 1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -49,3 +49,19 @@ impl Statements {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_bind_ids_and_name_the_table() {
+        let s = Statements::new(&TableName::parse("app.t").unwrap());
+        for sql in [&s.claim, &s.lookup, &s.purge_batch] {
+            assert!(sql.contains("\"app\".\"t\""), "{sql}");
+        }
+        assert!(s.claim.contains("VALUES ($1"));
+        assert!(s.lookup.contains("message_id = $1"));
+        assert!(s.purge_batch.contains("SKIP LOCKED"));
+    }
+}
