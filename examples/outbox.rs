@@ -91,11 +91,12 @@ async fn run() -> Result<bool, BoxError> {
         .route_sync(CREATED, {
             let (shipped, store) = (shipped.clone(), store.clone());
             move |env: &Envelope| {
-                Guard::new(&*store).run(env, || {
-                    shipped.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), BoxError>(())
-                })
-                .map(|_| ())
+                Guard::new(&*store)
+                    .run(env, || {
+                        shipped.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), BoxError>(())
+                    })
+                    .map(|_| ())
             }
         });
     let consumed = app.drain().await?;

@@ -163,11 +163,12 @@ async fn after_the_kill(outbox: Arc<dyn OutboxStore>, queue: &str, env: &Envelop
             let (charged, store, bodies) = (charged.clone(), store.clone(), bodies.clone());
             move |e: &Envelope| {
                 bodies.lock().unwrap().push(e.encode());
-                Guard::new(&*store).run(e, || {
-                    charged.fetch_add(1, Ordering::SeqCst);
-                    Ok::<(), BoxError>(())
-                })
-                .map(|_| ())
+                Guard::new(&*store)
+                    .run(e, || {
+                        charged.fetch_add(1, Ordering::SeqCst);
+                        Ok::<(), BoxError>(())
+                    })
+                    .map(|_| ())
             }
         });
     let stats = app.drain().await.unwrap();

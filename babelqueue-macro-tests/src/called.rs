@@ -10,7 +10,7 @@ use crate::Runs;
 
 static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 
-/// Runs of [`direct`], [`registered`], [`both`].
+/// Runs of the handler called directly (`direct`).
 pub static DIRECT: Runs = Runs::new();
 /// Runs of the registered-only handler.
 pub static REGISTERED: Runs = Runs::new();

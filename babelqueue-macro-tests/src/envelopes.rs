@@ -10,7 +10,7 @@ use crate::Runs;
 /// The store of these handlers (public so the tests can look at the stored keys).
 pub static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 
-/// Runs of [`shared`].
+/// Runs of the `Arc<Envelope>` handler (`shared`).
 pub static SHARED: Runs = Runs::new();
 /// Runs of the aliased-envelope handler.
 pub static ALIASED: Runs = Runs::new();
