@@ -368,8 +368,12 @@ async fn one_at_a_time(
         .await
         .unwrap()
         .pipelining(pipelining);
+    // Heartbeat, depth sample and recovery far apart: the count is of the per-delivery
+    // round trips, not of the periodic ones a slow (loaded) run would add.
     let app = App::new(transport)
         .queue(&queue)
+        .heartbeat(Duration::from_secs(60), Duration::from_secs(180))
+        .recovery_interval(Duration::from_secs(60))
         .route_async(CHARGE, move |env: Envelope| {
             let (st, fx) = (store.clone(), fx.clone());
             async move {

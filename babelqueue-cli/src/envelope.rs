@@ -3,15 +3,18 @@
 
 use serde_json::{Map, Value};
 
-/// The marker field of a header frame `{"__bq_frame":1,"headers":{…},"body":"…"}`.
-const FRAME_MARKER: &str = "__bq_frame";
-
 /// A queue element: its envelope object and, for a frame, the frame around it.
 pub(crate) struct Element {
     /// The frame object when the element is a frame (its `body` is re-encoded on write).
     frame: Option<Map<String, Value>>,
     /// The envelope object (`None`: the body is not a JSON object).
     pub envelope: Option<Map<String, Value>>,
+}
+
+/// The family's rule for telling a header frame from a bare envelope, the same one the
+/// consumer applies (`babelqueue_core::runtime::unframe`).
+fn is_frame(bytes: &[u8], obj: &Map<String, Value>) -> bool {
+    babelqueue_core::runtime::may_be_frame(bytes) && babelqueue_core::runtime::is_frame_object(obj)
 }
 
 fn parse_object(bytes: &[u8]) -> Option<Map<String, Value>> {
@@ -24,7 +27,7 @@ fn parse_object(bytes: &[u8]) -> Option<Map<String, Value>> {
 impl Element {
     pub(crate) fn parse(bytes: &[u8]) -> Element {
         match parse_object(bytes) {
-            Some(obj) if obj.contains_key(FRAME_MARKER) => {
+            Some(obj) if is_frame(bytes, &obj) => {
                 let envelope = obj
                     .get("body")
                     .and_then(Value::as_str)
@@ -44,7 +47,7 @@ impl Element {
     /// The envelope bytes (the frame's `body` for a frame).
     pub(crate) fn body(bytes: &[u8]) -> Vec<u8> {
         match parse_object(bytes) {
-            Some(obj) if obj.contains_key(FRAME_MARKER) => obj
+            Some(obj) if is_frame(bytes, &obj) => obj
                 .get("body")
                 .and_then(Value::as_str)
                 .map_or_else(|| bytes.to_vec(), |b| b.as_bytes().to_vec()),

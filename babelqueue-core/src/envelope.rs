@@ -381,7 +381,17 @@ impl Envelope {
             None => return Err(DecodeError::UnsupportedSchemaVersion("absent".into())),
         };
         let attempts = match obj.shift_remove("attempts") {
-            Some(Value::Number(n)) => match n.as_u64().and_then(|a| u32::try_from(a).ok()) {
+            // `-0` is a JSON integer zero (the Python SDK reads it as `0`); serde_json
+            // reads it as the float `-0.0` (so `-0.0` is accepted too).
+            Some(Value::Number(n)) => match n
+                .as_u64()
+                .or_else(|| {
+                    n.as_f64()
+                        .is_some_and(|f| f == 0.0 && f.is_sign_negative())
+                        .then_some(0)
+                })
+                .and_then(|a| u32::try_from(a).ok())
+            {
                 Some(a) => a,
                 None => return Err(DecodeError::InvalidAttempts(n.to_string())),
             },
@@ -440,5 +450,18 @@ impl<'de> Deserialize<'de> for Envelope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = Value::deserialize(deserializer)?;
         Envelope::from_value(value).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempts_minus_zero_is_a_zero() {
+        let body = br#"{"job":"urn:x","trace_id":"t","data":{},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":-0}"#;
+        assert_eq!(Envelope::decode(body).unwrap().attempts, 0);
+        let neg = br#"{"job":"urn:x","trace_id":"t","data":{},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":-1}"#;
+        assert!(Envelope::decode(neg).is_err());
     }
 }

@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use super::json_text;
 use crate::envelope::{DecodeError, Envelope, LANG, now_millis};
 
 /// The URN of the wrapper envelope a non-object poison body is dead-lettered in.
@@ -59,30 +60,50 @@ fn to_bytes(obj: Map<String, Value>) -> Vec<u8> {
     serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
 }
 
-/// The body with `attempts` set to `attempts`, every other field untouched. `None` when
-/// the body is not a JSON object (cannot happen for an accepted envelope).
+/// The body with `attempts` set to `attempts`, every other byte untouched (the value of
+/// `attempts` is replaced in the text; see [`json_text`]). `None` when the body is not a
+/// JSON object (cannot happen for an accepted envelope).
 pub(crate) fn with_attempts(body: &[u8], attempts: u64) -> Option<Vec<u8>> {
-    let mut obj = parse_object(body)?;
-    obj.insert("attempts".into(), attempts.into());
-    Some(to_bytes(obj))
+    json_text::set_member(body, "attempts", attempts.to_string().as_bytes())
 }
 
 /// An accepted envelope's body, dead-lettered: with `set_attempts`, `attempts` is set to
 /// the block's count; the `dead_letter` block is added (replacing one from an earlier
-/// dead-lettering).
+/// dead-lettering). Every other byte stays as it arrived.
 pub(crate) fn dead_lettered(
     body: &[u8],
     consumed_queue: &str,
     set_attempts: bool,
     block: &Block<'_>,
 ) -> Option<Vec<u8>> {
-    let mut obj = parse_object(body)?;
-    if set_attempts {
-        obj.insert("attempts".into(), block.attempts.into());
-    }
-    let block = block.to_value(original_queue(&obj, consumed_queue));
-    obj.insert("dead_letter".into(), block);
-    Some(to_bytes(obj))
+    let obj = parse_object(body)?;
+    let block = block_text(block, original_queue(&obj, consumed_queue));
+    drop(obj);
+    let body = if set_attempts {
+        with_attempts(body, block.1)?
+    } else {
+        body.to_vec()
+    };
+    json_text::set_member(&body, "dead_letter", &block.0)
+}
+
+/// The block's JSON text, and its attempts.
+fn block_text(block: &Block<'_>, original_queue: &str) -> (Vec<u8>, u64) {
+    // A map of plain values always serializes.
+    (
+        serde_json::to_vec(&block.to_value(original_queue)).unwrap_or_default(),
+        block.attempts,
+    )
+}
+
+/// Whether a poison JSON object can carry its `dead_letter` block appended to its own
+/// text and still be given back byte for byte: not when it has a `dead_letter` member
+/// already (appending would hide it), nor when it looks like the poison wrapper itself or
+/// like a header frame (a reader would unwrap it and lose the block).
+fn appendable(obj: &Map<String, Value>) -> bool {
+    !obj.contains_key("dead_letter")
+        && obj.get("job").and_then(Value::as_str) != Some(POISON_URN)
+        && !super::transport::is_frame_object(obj)
 }
 
 /// The dead-letter body for a poison message: the object plus a `dead_letter` block, or
@@ -124,17 +145,20 @@ pub(crate) fn dead_lettered(
 /// ```
 pub fn poison_body(body: &[u8], error: &DecodeError, consumed_queue: &str) -> Vec<u8> {
     let exception = Some(std::any::type_name::<DecodeError>());
-    if let Some(mut obj) = parse_object(body) {
+    if let Some(obj) = parse_object(body)
+        && appendable(&obj)
+    {
         let attempts = obj.get("attempts").and_then(Value::as_u64).unwrap_or(0);
         let block = Block {
             reason: "poison",
             error: Some(error.to_string()),
             exception,
             attempts,
+        };
+        let (block, _) = block_text(&block, original_queue(&obj, consumed_queue));
+        if let Some(out) = json_text::append(body, "dead_letter", &block) {
+            return out;
         }
-        .to_value(original_queue(&obj, consumed_queue));
-        obj.insert("dead_letter".into(), block);
-        return to_bytes(obj);
     }
     let (encoding, raw) = match std::str::from_utf8(body) {
         Ok(s) => ("utf8", s.to_owned()),
@@ -231,21 +255,26 @@ pub(crate) fn poison_oversized(body: &[u8], error: &str, consumed_queue: &str) -
     out
 }
 
-/// The original bytes of a poison wrapper written by [`poison_body`] (`None` when
-/// `dead_lettered` is not such a wrapper). For a poison JSON object the dead-lettered
-/// message is the object itself (plus `dead_letter`), so there is nothing to unwrap.
+/// The original bytes of a message [`poison_body`] dead-lettered, exactly as they
+/// arrived: the wrapper's `data.body` unwrapped, or, for a poison JSON object that carries
+/// its block appended to its own text, that text without the block. `None` when
+/// `dead_lettered` is neither (e.g. a dead letter of another reason).
 pub fn recover_poison(dead_lettered: &[u8]) -> Option<Vec<u8>> {
     let obj = parse_object(dead_lettered)?;
-    if obj.get("job").and_then(Value::as_str) != Some(POISON_URN) {
+    if obj.get("job").and_then(Value::as_str) == Some(POISON_URN) {
+        let data = obj.get("data")?;
+        let body = data.get("body")?.as_str()?;
+        return match data.get("encoding")?.as_str()? {
+            "utf8" => Some(body.as_bytes().to_vec()),
+            "base64" => unbase64(body),
+            _ => None,
+        };
+    }
+    let reason = obj.get("dead_letter")?.get("reason")?.as_str()?;
+    if reason != "poison" {
         return None;
     }
-    let data = obj.get("data")?;
-    let body = data.get("body")?.as_str()?;
-    match data.get("encoding")?.as_str()? {
-        "utf8" => Some(body.as_bytes().to_vec()),
-        "base64" => unbase64(body),
-        _ => None,
-    }
+    json_text::strip_last(dead_lettered, "dead_letter")
 }
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -410,5 +439,51 @@ mod tests {
         assert!(text.starts_with(r#"{"job":"urn:x","trace_id":"t","data":{"b":1,"a":2},"#));
         assert!(text.contains(r#""attempts":3,"extra":true,"dead_letter":{"reason":"failed","error":"boom","exception":"my::Error","failed_at":"#));
         assert!(text.ends_with(r#""original_queue":"consumed","attempts":3,"lang":"rust"}}"#));
+    }
+
+    #[test]
+    fn a_retry_and_a_dead_letter_change_only_what_the_contract_changes() {
+        let body = br#"{"job":"urn:x","trace_id":"t","data":{"big":123456789012345678901234567890,"e":1.0E2,"z":-0,"dup":1,"dup":2},"meta":{"id":"m","queue":"orders","lang":"go","schema_version":1,"created_at":1},"attempts":0}"#;
+        let retried = with_attempts(body, 1).unwrap();
+        let expect = std::str::from_utf8(body)
+            .unwrap()
+            .replace(r#""attempts":0}"#, r#""attempts":1}"#);
+        assert_eq!(std::str::from_utf8(&retried).unwrap(), expect);
+        let block = Block {
+            reason: "failed",
+            error: Some("boom".into()),
+            exception: None,
+            attempts: 3,
+        };
+        let dl = dead_lettered(&retried, "orders", true, &block).unwrap();
+        let text = std::str::from_utf8(&dl).unwrap();
+        let head = expect.replace(r#""attempts":1}"#, r#""attempts":3,"dead_letter":"#);
+        assert!(text.starts_with(&head), "{text}");
+        let v: Value = serde_json::from_slice(&dl).unwrap();
+        assert_eq!(v["dead_letter"]["original_queue"], "orders");
+        assert_eq!(v["dead_letter"]["attempts"], 3);
+    }
+
+    #[test]
+    fn every_poison_object_is_recovered_byte_for_byte() {
+        for body in [
+            &br#"{ "job" : "urn:x" , "n": 1e400 }"#[..],
+            br#"{}"#,
+            br#"{"job":"urn:x","dead_letter":{"reason":"failed"}}"#,
+            br#"{"__bq_frame":1,"body":"{}","headers":{}}"#,
+            br#"{"job":"urn:babel:poison","data":{"encoding":"utf8","body":"other"},"dead_letter":{"reason":"poison"}}"#,
+            br#"{"job":"urn:babel:poison"}"#,
+        ] {
+            let err = Envelope::decode(body).unwrap_err();
+            let dlq = poison_body(body, &err, "q");
+            let env: Value = serde_json::from_slice(&dlq).unwrap();
+            assert_eq!(env["dead_letter"]["reason"], "poison");
+            assert_eq!(
+                recover_poison(&dlq).as_deref(),
+                Some(body),
+                "{}",
+                String::from_utf8_lossy(&dlq)
+            );
+        }
     }
 }

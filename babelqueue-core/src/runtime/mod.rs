@@ -48,6 +48,7 @@ mod dead_letter;
 mod depth;
 mod errors;
 mod execute;
+mod json_text;
 pub mod maintain;
 mod memory;
 pub mod metrics;
@@ -73,5 +74,5 @@ pub use report::{Disposition, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
     ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Transport,
-    TransportError, encode_element, unframe,
+    TransportError, encode_element, is_frame_object, may_be_frame, unframe,
 };

@@ -339,19 +339,42 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Unwraps a header frame: `Some((headers, body))` when `element` is a JSON object whose
-/// `__bq_frame` is `1` and whose `body` is a string; `None` for anything else (a bare
-/// envelope, or bytes that are not a frame).
+/// Whether a parsed JSON object is a header frame by the family's rule (the Python SDK's
+/// `_unframe`, which every reader of Redis elements here follows: the consumer, the CLI and
+/// redrive): its `__bq_frame` is truthy (not `null`, `false`, `0`, `""`, `[]` or `{}`)
+/// and its `body` is a string.
+#[doc(hidden)]
+pub fn is_frame_object(obj: &serde_json::Map<String, Value>) -> bool {
+    let truthy = match obj.get(FRAME_KEY) {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Bool(true)) => true,
+    };
+    truthy && matches!(obj.get("body"), Some(Value::String(_)))
+}
+
+/// Whether `element` may be a header frame at all: its first byte is `{` and it contains
+/// the quoted marker (the family's cheap reject, before any parsing).
+#[doc(hidden)]
+pub fn may_be_frame(element: &[u8]) -> bool {
+    element.first() == Some(&b'{') && contains(element, b"\"__bq_frame\"")
+}
+
+/// Unwraps a header frame: `Some((headers, body))` when `element` starts with `{`, is a
+/// JSON object, and [`is_frame_object`] holds for it; `None` for anything else (a bare
+/// envelope, or bytes that are not a frame). `headers` that are not an object read as none.
 #[doc(hidden)]
 pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
-    let start = element.iter().position(|b| !b.is_ascii_whitespace())?;
-    if element[start] != b'{' || !contains(element, b"\"__bq_frame\"") {
+    if !may_be_frame(element) {
         return None;
     }
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(element) else {
         return None;
     };
-    if obj.get(FRAME_KEY).and_then(Value::as_u64) != Some(1) {
+    if !is_frame_object(&obj) {
         return None;
     }
     let body = match obj.shift_remove("body") {
@@ -894,7 +917,11 @@ mod tests {
             b"not json",
             b"[1]",
             b"{\"job\":\"x\",\"data\":{\"s\":\"\\\"__bq_frame\\\"\"}}",
-            b"{\"__bq_frame\":2,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":0,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":false,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":\"\",\"body\":\"{}\"}",
+            b"{\"__bq_frame\":null,\"body\":\"{}\"}",
+            b" {\"__bq_frame\":1,\"body\":\"{}\"}",
             b"{\"__bq_frame\":1,\"body\":{}}",
             b"{\"__bq_frame\":1}",
             b"\xff\xfe",
@@ -909,9 +936,19 @@ mod tests {
 
     #[test]
     fn frame_without_headers_is_accepted() {
-        let (h, body) = unframe(br#" {"body":"{}","__bq_frame":1}"#).unwrap();
+        let (h, body) = unframe(br#"{"body":"{}","__bq_frame":1}"#).unwrap();
         assert!(h.is_empty());
         assert_eq!(body, b"{}");
+    }
+
+    #[test]
+    fn any_truthy_marker_makes_a_frame_as_in_the_python_sdk() {
+        for marker in ["1", "2", "true", "\"1\"", "[0]", "{\"a\":0}", "0.5"] {
+            let element = format!(r#"{{"__bq_frame":{marker},"headers":[1],"body":"{{}}"}}"#);
+            let (h, body) = unframe(element.as_bytes()).expect(&element);
+            assert!(h.is_empty(), "headers that are not an object read as none");
+            assert_eq!(body, b"{}");
+        }
     }
 
     #[test]
