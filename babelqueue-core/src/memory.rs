@@ -35,6 +35,20 @@ const DEAD: u64 = u64::MAX;
 /// The most entries one shard's ring holds (the index keeps 32-bit sequence numbers,
 /// which identify a ring slot while the ring is shorter than 2³²); beyond it the oldest
 /// entry is evicted, as with a capacity. (At 32 bytes an entry, that is 128 GiB a shard.)
+/// Live front entries moved to the back per eviction pass (see `Shard::evict`).
+const ROTATIONS: usize = 2;
+
+/// Whether an entry expiring at `a` outlives one expiring at `b` ([`NEVER`] outlives every
+/// deadline; a forgotten entry, [`DEAD`], outlives nothing and is outlived by nothing).
+fn outlives(a: u64, b: u64) -> bool {
+    match (a, b) {
+        (DEAD, _) | (_, DEAD) => false,
+        (NEVER, b) => b != NEVER,
+        (_, NEVER) => false,
+        (a, b) => a > b,
+    }
+}
+
 const RING_LIMIT: usize = if cfg!(test) { 128 } else { u32::MAX as usize };
 
 /// A process-local seen-set: for tests and a single process (a fleet needs a shared
@@ -526,6 +540,37 @@ impl Shard {
         self.base += 1;
     }
 
+    /// Moves the live front entry to the back of the ring, under a new sequence number
+    /// (its index entry and fingerprint follow it).
+    fn rotate_front(&mut self, hasher: &RandomState) {
+        let Some(entry) = self.ring.pop_front() else {
+            return;
+        };
+        let old = self.base;
+        self.base += 1;
+        let hash = entry.key.as_ref().hash_with(hasher);
+        let low = old as u32;
+        if let Ok(e) = self.index.find_entry(hash, |&s| s == low) {
+            e.remove();
+        }
+        let fingerprint = if self.fingerprints.is_empty() {
+            None
+        } else {
+            self.fingerprints.remove(&old)
+        };
+        let seq = self.base + self.ring.len() as u64;
+        self.ring.push_back(entry);
+        if let Some(fp) = fingerprint {
+            self.fingerprints.insert(seq, fp);
+        }
+        let Shard {
+            ring, base, index, ..
+        } = self;
+        index.insert_unique(hash, seq as u32, |&low| {
+            ring[slot(*base, low)].key.as_ref().hash_with(hasher)
+        });
+    }
+
     fn forget(&mut self, hash: u64, key: KeyRef<'_>) {
         if let Some(seq) = self.find(hash, key) {
             self.entry(seq).expires = DEAD;
@@ -534,16 +579,30 @@ impl Shard {
     }
 
     /// Pops forgotten and expired entries off the front, and the oldest live ones while
-    /// over capacity.
+    /// over capacity. A live front entry that outlives the newest one (a long TTL among
+    /// short ones) would hold back every expired entry behind it: it is moved to the back
+    /// instead (at most [`ROTATIONS`] a call), so each id leaves on its own TTL and memory
+    /// follows the ids that are live, not the longest TTL.
     fn evict(&mut self, now: u64, cap: Option<usize>, hasher: &RandomState) {
+        let mut rotations = 0;
         while let Some(front) = self.ring.front() {
             let dead = front.expires == DEAD;
             let expired = front.expires != NEVER && now >= front.expires;
             let over = cap.is_some_and(|c| self.index.len() > c);
-            if !(dead || expired || over) {
-                break;
+            if dead || expired || over {
+                self.pop_front(hasher);
+                continue;
             }
-            self.pop_front(hasher);
+            let outlives_newest = self
+                .ring
+                .back()
+                .is_some_and(|back| outlives(front.expires, back.expires));
+            if rotations < ROTATIONS && outlives_newest {
+                rotations += 1;
+                self.rotate_front(hasher);
+                continue;
+            }
+            break;
         }
         if self.ring.capacity() > 64 && self.ring.len() < self.ring.capacity() / 4 {
             self.ring.shrink_to(self.ring.len() * 2);
@@ -1207,6 +1266,42 @@ mod tests {
         s.insert("fresh", None);
         let ring: usize = s.shards.iter().map(|sh| lock(sh).ring.len()).sum();
         assert!(ring < 100, "expired entries were not swept: {ring}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_id_expires_on_its_own_ttl_behind_long_lived_ones() {
+        // Issue 23: 64 long-lived ids kept 263,536 of 301,000 expired ones; memory must
+        // follow the live ids, not the longest TTL. One shard, ring limit 128 in tests: the
+        // count stays far below the ids inserted.
+        let s = InMemoryStore::builder()
+            .ttl(Duration::from_millis(50))
+            .shards(1)
+            .build();
+        let mut max_ring = 0;
+        for i in 0..20_000 {
+            if i % 1000 == 0 {
+                s.insert(&format!("long-{i}"), Some(Duration::from_secs(3600)));
+            }
+            s.insert(&format!("short-{i}"), None);
+            if i % 10 == 0 {
+                tokio::time::advance(Duration::from_millis(10)).await;
+            }
+            max_ring = max_ring.max(lock(&s.shards[0]).ring.len());
+        }
+        let long = (0..20_000).step_by(1000).count();
+        // About 50 ms of short ids (50 of them) plus the long ones are live at a time.
+        assert!(
+            max_ring <= 50 + long + 16,
+            "expired ids were kept behind long-lived ones: ring {max_ring}"
+        );
+        for i in (0..20_000).step_by(1000) {
+            assert!(
+                s.is_seen(&format!("long-{i}")),
+                "a long-lived id stays: {i}"
+            );
+        }
+        assert!(!s.is_seen("short-0"));
+        assert!(s.is_seen("short-19999"));
     }
 
     #[tokio::test(start_paused = true)]
