@@ -189,6 +189,12 @@ pub(crate) fn redis_error(operation: &'static str, e: redis::RedisError) -> Redi
     }
 }
 
+/// A broken connection (not a slow one): worth one immediate retry through the
+/// reconnecting manager.
+fn is_stale(e: &redis::RedisError) -> bool {
+    !e.is_timeout() && (e.is_connection_dropped() || e.is_connection_refusal() || e.is_io_error())
+}
+
 babelqueue_core::handler_error_from!(RedisStoreError);
 
 /// The shared seen-set on Redis (async; implements [`AsyncStore`] and
@@ -473,30 +479,53 @@ impl RedisStore {
         if let Some(ttl) = ttl.or(self.ttl) {
             cmd.arg("PX").arg(millis(ttl));
         }
-        let reply: Option<String> = cmd
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("remember", e))?;
+        let reply: Option<String> = self.query("remember", &cmd).await?;
         Ok(reply.is_some())
+    }
+
+    /// Runs `cmd`; when the connection was found broken (dropped or refused, not a
+    /// timeout) it is run once more at once: the connection manager reconnects on that
+    /// error, so the first call after the server is back succeeds instead of failing with
+    /// the outage's stale error (and costing the consumer one more store backoff). Every
+    /// command and script of this store is safe to repeat.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, RedisStoreError> {
+        match cmd.query_async(&mut self.conn.clone()).await {
+            Err(e) if is_stale(&e) => cmd.query_async(&mut self.conn.clone()).await,
+            r => r,
+        }
+        .map_err(|e| redis_error(operation, e))
+    }
+
+    /// [`query`](Self::query) for a script.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, RedisStoreError> {
+        match invocation.invoke_async(&mut self.conn.clone()).await {
+            Err(e) if is_stale(&e) => invocation.invoke_async(&mut self.conn.clone()).await,
+            r => r,
+        }
+        .map_err(|e| redis_error(operation, e))
     }
 
     async fn exists(&self, id: &str) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
-        let n: i64 = redis::cmd("EXISTS")
-            .arg(self.key(id))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("seen", e))?;
+        let n: i64 = self
+            .query("seen", redis::cmd("EXISTS").arg(self.key(id)))
+            .await?;
         Ok(n > 0)
     }
 
     async fn del(&self, id: &str) -> Result<(), RedisStoreError> {
         id_is_storable(id)?;
-        let _: i64 = redis::cmd("DEL")
-            .arg(self.key(id))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("forget", e))?;
+        let _: i64 = self
+            .query("forget", redis::cmd("DEL").arg(self.key(id)))
+            .await?;
         Ok(())
     }
 
@@ -509,15 +538,14 @@ impl RedisStore {
         id_is_storable(id)?;
         let token = LeaseToken::new();
         let key = self.key(id);
-        let reply: Vec<i64> = script(&CLAIM)
+        let mut invocation = script(&CLAIM);
+        invocation
             .key(&key)
             .key(fence_key(&key))
             .arg(token.as_str())
             .arg(millis(lease))
-            .arg(fence_keep(lease))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("claim", e))?;
+            .arg(fence_keep(lease));
+        let reply: Vec<i64> = self.invoke("claim", &invocation).await?;
         match reply[..] {
             [1, fence] => Ok(Claim::Acquired(token.with_fence(fence.unsigned_abs()))),
             [2] => Ok(Claim::InFlight),
@@ -537,15 +565,14 @@ impl RedisStore {
     ) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
         let key = self.key(id);
-        let reply: i64 = script(&RENEW)
+        let mut invocation = script(&RENEW);
+        invocation
             .key(&key)
             .key(fence_key(&key))
             .arg(token.as_str())
             .arg(millis(lease))
-            .arg(fence_keep(lease))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("renew", e))?;
+            .arg(fence_keep(lease));
+        let reply: i64 = self.invoke("renew", &invocation).await?;
         flag(reply, "renew")
     }
 
@@ -557,24 +584,17 @@ impl RedisStore {
     ) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
         let ttl_ms = ttl.or(self.ttl).map_or(0, millis);
-        let reply: i64 = script(&COMPLETE)
-            .key(self.key(id))
-            .arg(token.as_str())
-            .arg(ttl_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("complete", e))?;
+        let mut invocation = script(&COMPLETE);
+        invocation.key(self.key(id)).arg(token.as_str()).arg(ttl_ms);
+        let reply: i64 = self.invoke("complete", &invocation).await?;
         flag(reply, "complete")
     }
 
     async fn lease_release(&self, id: &str, token: &LeaseToken) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
-        let reply: i64 = script(&RELEASE)
-            .key(self.key(id))
-            .arg(token.as_str())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| redis_error("release", e))?;
+        let mut invocation = script(&RELEASE);
+        invocation.key(self.key(id)).arg(token.as_str());
+        let reply: i64 = self.invoke("release", &invocation).await?;
         flag(reply, "release")
     }
 }

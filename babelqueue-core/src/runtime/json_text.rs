@@ -22,11 +22,7 @@ pub(crate) struct Member {
 /// whitespace allowed).
 pub(crate) fn members(text: &[u8]) -> Option<(Vec<Member>, usize)> {
     // Validates the whole text first, so the scanner below only meets valid JSON.
-    if !text
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|&b| b == b'{')
-    {
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
     serde_json::from_slice::<serde::de::IgnoredAny>(text).ok()?;
