@@ -629,10 +629,11 @@ impl Transport for HangAfterPublish {
         Box::pin(async move {
             self.0.publish_raw(queue, element).await?;
             if self.1.fetch_add(1, Ordering::SeqCst) + 1 == HANG_AFTER {
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "\n{MARK}").unwrap();
-                out.flush().unwrap();
-                drop(out);
+                {
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "\n{MARK}").unwrap();
+                    out.flush().unwrap();
+                }
                 std::future::pending::<()>().await;
             }
             Ok(())
