@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amqp_support::{NEEDS, delete_all, ready, unique_queue, url};
+use babelqueue::Envelope;
 use babelqueue::amqp::AmqpTransport;
 use babelqueue::redrive::{ItemStatus, RedriveOptions, redrive};
 use babelqueue::replay;
 use babelqueue::runtime::{App, Permanent, Transport};
-use babelqueue::Envelope;
 use serde_json::json;
 
 const URN: &str = "urn:babel:payments:charge";
@@ -36,7 +36,9 @@ async fn redrive_with_bypass_over_rabbitmq() {
     }
     assert_eq!(failing.drain().await.unwrap().dead_lettered, 2);
     let t = AmqpTransport::open(&url()).await.unwrap();
-    t.publish_raw(&dlq, b"not an envelope".to_vec()).await.unwrap();
+    t.publish_raw(&dlq, b"not an envelope".to_vec())
+        .await
+        .unwrap();
 
     // A dry run: the plan, and the DLQ keeps all three.
     let plan = redrive(&t, &dlq, &RedriveOptions::new().dry_run(true))
@@ -46,7 +48,10 @@ async fn redrive_with_bypass_over_rabbitmq() {
     // The broker puts restored (rejected) messages back once the run's channel closed.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while ready(&dlq).await != 3 {
-        assert!(std::time::Instant::now() < deadline, "the DLQ did not get its 3 back");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the DLQ did not get its 3 back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -66,16 +71,24 @@ async fn redrive_with_bypass_over_rabbitmq() {
     let fixed = App::new(AmqpTransport::open(&url()).await.unwrap())
         .queue(&q)
         .route_sync(URN, move |env: &Envelope| {
-            s.lock().unwrap().push((env.meta.id.clone(), replay::is_replay()));
+            s.lock()
+                .unwrap()
+                .push((env.meta.id.clone(), replay::is_replay()));
         });
     assert_eq!(fixed.drain().await.unwrap().succeeded, 2);
     let mut seen = seen.lock().unwrap().clone();
     seen.sort();
     ids.sort();
-    assert_eq!(seen, ids.into_iter().map(|id| (id, true)).collect::<Vec<_>>());
+    assert_eq!(
+        seen,
+        ids.into_iter().map(|id| (id, true)).collect::<Vec<_>>()
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while ready(&dlq).await != 1 {
-        assert!(std::time::Instant::now() < deadline, "the undecodable body was not restored");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the undecodable body was not restored"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     delete_all(&q).await;

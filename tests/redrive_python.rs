@@ -103,9 +103,12 @@ async fn dead_lettered_by_rust(queue: &str, n: usize) -> Vec<String> {
         });
     let mut ids = Vec::new();
     for i in 0..n {
-        let env = Envelope::new(URN, json!({"payment_id": format!("pay_{i}"), "amount": 4200}))
-            .unwrap()
-            .with_queue(queue);
+        let env = Envelope::new(
+            URN,
+            json!({"payment_id": format!("pay_{i}"), "amount": 4200}),
+        )
+        .unwrap()
+        .with_queue(queue);
         ids.push(env.meta.id.clone());
         app.publish_raw(env.encode()).await.unwrap();
     }
@@ -141,8 +144,7 @@ async fn python_redrive_with_bypass_is_a_replay_for_the_rust_handler() {
     let app = App::new(RedisTransport::open(&redis_url()).unwrap())
         .queue(&q.0)
         .route_sync(URN, move |env: &Envelope| {
-            let Replay(flag) =
-                Replay::from_envelope(env, &Default::default()).unwrap_or_default();
+            let Replay(flag) = Replay::from_envelope(env, &Default::default()).unwrap_or_default();
             s.lock()
                 .unwrap()
                 .push((env.meta.id.clone(), replay::is_replay(), flag, env.attempts));
