@@ -24,6 +24,9 @@ use serde_json::{Value, json};
 
 const URN: &str = "urn:babel:payments:charge";
 
+/// What the Rust handler saw: meta.id, `is_replay()`, the `Replay` argument, attempts.
+type Seen = (String, bool, bool, u32);
+
 fn redis_url() -> String {
     std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
@@ -139,7 +142,7 @@ async fn python_redrive_with_bypass_is_a_replay_for_the_rust_handler() {
 
     // The Rust consumer: the header reaches a sync handler (is_replay() in the body, on
     // the blocking pool) and the Replay extractor.
-    let seen: Arc<Mutex<Vec<(String, bool, bool, u32)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let s = Arc::clone(&seen);
     let app = App::new(RedisTransport::open(&redis_url()).unwrap())
         .queue(&q.0)

@@ -5,7 +5,7 @@
 //! **reset for reprocessing**: the `dead_letter` block removed and `attempts` set to 0;
 //! every other field (`job`, `trace_id`, `data`, `meta`, fields this SDK does not know) is
 //! kept as it was, in its order. With [`bypass`](RedriveOptions::bypass) each re-published
-//! message carries the transport header `bq-replay-bypass: "1"` (see [`replay`](crate::replay)):
+//! message carries the transport header `bq-replay-bypass: "1"` (see [`crate::replay`]):
 //! the consuming handler re-runs its idempotent core and skips its external effects.
 //!
 //! The rules, in the order they apply:
@@ -247,7 +247,9 @@ pub enum ItemStatus {
     NonNumericAttempts,
     /// No `--to`, no `dead_letter.original_queue`, no `meta.queue`; restored.
     NoTarget,
-    /// Not handled: the run stopped on a broker error first; restored.
+    /// Not handled in this run, restored: the run stopped on a broker error first, or the
+    /// message reached this run's in-flight state after the drain (handed over by the
+    /// broker's recovery).
     Aborted,
 }
 
@@ -589,6 +591,22 @@ pub async fn redrive<T: Transport + ?Sized>(
     }
     if let Err(e) = transport.leave(dlq).await {
         tracing::warn!(dlq, error = %e, "leaving the DLQ's consumer failed");
+    }
+    // A message the background recovery handed over during the processing (recovered too
+    // often) is in our in-flight state: back to the DLQ, not stranded.
+    while let Ok(event) = rx.try_recv() {
+        if let ConsumerEvent::Exhausted(d, _) = event {
+            let item = match classify(dlq, d.body(), &RedriveOptions::new().dry_run(true)) {
+                Classified::Keep(item) | Classified::Ready(item, _) => item,
+            };
+            push_aborted(&mut result, item);
+            match restore(transport, &d).await {
+                Ok(()) => result.restored += 1,
+                Err(e) => {
+                    tracing::warn!(dlq, error = %e, "restoring a recovered message failed; it stays in flight for the next recovery");
+                }
+            }
+        }
     }
     Ok(result)
 }
