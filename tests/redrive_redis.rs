@@ -478,7 +478,8 @@ static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
 static FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 static EFFECTS: AtomicUsize = AtomicUsize::new(0);
 /// (handler, meta.id, the Replay argument, is_replay() in the body, effect skipped).
-static SEEN: Mutex<Vec<(&'static str, String, bool, bool, bool)>> = Mutex::new(Vec::new());
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
+type Seen = (&'static str, String, bool, bool, bool);
 
 #[handler("urn:test:replay:sync")]
 #[idempotent(store = STORE)]
