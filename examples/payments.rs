@@ -9,6 +9,17 @@
 //! cargo run --example payments -- --help
 //! ```
 //!
+//! Replaying a dead letter without charging twice (redrive with replay-bypass):
+//!
+//! ```text
+//! cargo run --example payments -- produce --marked           # one marked payment
+//! cargo run --example payments -- consume --ledger-bug       # charged, then the ledger step
+//!                                                            # fails permanently: dead-lettered
+//! babelqueue dlq redrive payments --dry-run                  # the plan
+//! babelqueue dlq redrive payments --bypass                   # back, as a replay
+//! cargo run --example payments -- consume                    # charge skipped, ledger runs
+//! ```
+//!
 //! Environment: `BROKER_URL` (default `redis://localhost:6379/0`; `amqp://…` selects
 //! RabbitMQ: the scheme decides, as in the other SDKs), `STORE_URL` (the dedupe
 //! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis when the
@@ -31,7 +42,10 @@ use babelqueue::amqp::AmqpTransport;
 use babelqueue::binding::BrokerUrl;
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::{RedisStore, RedisTransport};
-use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
+use babelqueue::replay::bypass_external_effects_async;
+use babelqueue::runtime::{
+    App, Disposition, InMemoryTransport, Permanent, Report, Stats, Transport,
+};
 use babelqueue::sqlite::SqliteStore;
 use babelqueue::{
     AsyncLeaseStore, BoxError, Envelope, EnvelopeError, Guard, InMemoryStore, dyn_store::DynStore,
@@ -46,6 +60,9 @@ struct Payment {
     payment_id: String,
     amount: u64,
     currency: String,
+    /// The marked payment of the replay story: the (buggy) ledger step rejects it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    marked: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +73,8 @@ enum ChargeError {
     Payload(#[from] EnvelopeError),
     #[error("payment gateway hiccup (transient)")]
     Gateway,
+    #[error("the ledger rejected the payment")]
+    Ledger(#[source] Permanent),
 }
 
 /// The simulated payment gateway (`--gateway-delay-ms`, `--gateway-fail-every`).
@@ -114,15 +133,51 @@ static STORE: LazyLock<DynStore> = LazyLock::new(|| {
 /// The `meta.id`s this process charged (a real service would call its payment gateway).
 static CHARGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// `consume --ledger-bug`: the ledger step rejects marked payments (a bug, fixed by
+/// running without the flag).
+static LEDGER_BUG: OnceLock<bool> = OnceLock::new();
+
+/// The ledger step, the idempotent core of the charge (shown for the marked payment of
+/// the replay story). With `--ledger-bug` it fails **permanently** on a marked payment: the
+/// runtime dead-letters it at once, after the card was charged.
+fn ledger(env: &Envelope, p: &Payment) -> Result<(), ChargeError> {
+    if !p.marked {
+        return Ok(());
+    }
+    if LEDGER_BUG.get().copied().unwrap_or(false) {
+        return Err(ChargeError::Ledger(Permanent::new(
+            "ledger bug: marked payments are rejected",
+        )));
+    }
+    println!(
+        "[rust] ledger   payment_id={} amount={} {}  meta.id={}  (recorded: the idempotent core ran)",
+        p.payment_id, p.amount, p.currency, env.meta.id
+    );
+    Ok(())
+}
+
 /// The charge handler. `#[idempotent]` guards it on `meta.id` with the chosen store: a
 /// delivery whose id was already charged (by this process or any consumer sharing the
 /// store, whatever its language) is skipped and acked without running this body.
+///
+/// The card charge is the external, non-idempotent side: on a deliberate replay (a
+/// dead letter redriven with `--bypass`, header `bq-replay-bypass`) it is skipped, since it
+/// fired the first time, while the ledger step runs.
 #[handler("urn:babel:payments:charge")]
 #[idempotent(store = STORE)]
 async fn charge(env: Envelope) -> Result<(), ChargeError> {
-    let _: Payment = env.data_as()?;
-    gateway_charge().await?;
-    record_charge(&env)
+    let p: Payment = env.data_as()?;
+    match bypass_external_effects_async(gateway_charge()).await {
+        Some(charged) => {
+            charged?;
+            record_charge(&env)?;
+        }
+        None => println!(
+            "[rust] replay   payment_id={}  meta.id={}  external charge skipped (bq-replay-bypass: the card was charged the first time)",
+            p.payment_id, env.meta.id
+        ),
+    }
+    ledger(&env, &p)
 }
 
 /// Lease mode (`--mode lease`): the same charge guarded by an atomic claim held for
@@ -198,10 +253,15 @@ fn payment(queue: &str) -> Result<Vec<u8>, EnvelopeError> {
 }
 
 fn payment_with_id(queue: &str, payment_id: &str) -> Result<Vec<u8>, EnvelopeError> {
+    marked_payment(queue, payment_id, false)
+}
+
+fn marked_payment(queue: &str, payment_id: &str, marked: bool) -> Result<Vec<u8>, EnvelopeError> {
     let p = Payment {
         payment_id: payment_id.into(),
         amount: 4200,
         currency: "EUR".into(),
+        marked,
     };
     Ok(Envelope::from_payload(CHARGE, &p)?
         .with_queue(queue)
@@ -278,11 +338,18 @@ async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error
     })
 }
 
-async fn produce(count: usize) -> Result<bool, Box<dyn std::error::Error>> {
+async fn produce(count: usize, marked: bool) -> Result<bool, Box<dyn std::error::Error>> {
     let url = env_or("BROKER_URL", "redis://localhost:6379/0");
     let queue = env_or("QUEUE", "payments");
     let transport = open_broker(&url).await?;
     let app = App::from_arc(transport).queue(&queue);
+    if marked {
+        let bytes = marked_payment(&queue, "pay_marked", true)?;
+        let id = Envelope::decode(&bytes)?.meta.id;
+        app.publish_raw(bytes).await?;
+        println!("[rust] produced payment_id=pay_marked  meta.id={id}  (marked) to {queue}");
+        return Ok(true);
+    }
     if count <= 1 {
         let bytes = payment(&queue)?;
         let id = Envelope::decode(&bytes)?.meta.id;
@@ -354,6 +421,7 @@ struct ConsumeOpts {
     lease: Option<Duration>,
     heartbeat: Option<Duration>,
     quiet: bool,
+    ledger_bug: bool,
 }
 
 async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
@@ -365,6 +433,7 @@ async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
     }
     let _ = GATEWAY.set(o.gateway);
     let _ = QUIET.set(o.quiet);
+    let _ = LEDGER_BUG.set(o.ledger_bug);
     let transport = open_broker(&url).await?;
     let mut app = App::from_arc(Arc::clone(&transport))
         .queue(&queue)
@@ -405,6 +474,7 @@ const USAGE: &str = "usage: payments [COMMAND] [OPTIONS]
 Commands:
   (none)                  embedded demo: the same payment delivered twice, charged once
   produce [--count N]     publish N payments (default 1), each twice, to BROKER_URL
+  produce --marked        publish one marked payment (the replay story), once
   consume [OPTIONS]       consume the queue from BROKER_URL and charge each payment once
 
 consume options:
@@ -417,6 +487,8 @@ consume options:
   --gateway-delay-ms N    each charge takes N ms at the simulated gateway
   --gateway-fail-every N  every Nth charge attempt fails with a transient error
   --quiet                 no line per charge (for runs with many payments)
+  --ledger-bug            the ledger step rejects marked payments permanently (dead-lettered);
+                          then `babelqueue dlq redrive QUEUE --bypass` and consume again
   -h, --help              this help
 
 Environment:
@@ -458,6 +530,7 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
         lease: None,
         heartbeat: None,
         quiet: false,
+        ledger_bug: false,
     };
     let mut mode = "seen".to_owned();
     let mut lease = Duration::from_secs(30);
@@ -481,6 +554,7 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
             "--store" => o.store = value()?,
             "--follow" => o.follow = true,
             "--quiet" => o.quiet = true,
+            "--ledger-bug" => o.ledger_bug = true,
             "--concurrency" => o.concurrency = number(value()?)?.max(1) as usize,
             "--mode" => mode = value()?,
             "--lease" => lease = parse_duration(&value()?)?,
@@ -498,7 +572,17 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
     Ok(o)
 }
 
-fn parse_produce(args: &[String]) -> Result<usize, String> {
+/// `(count, marked)`.
+fn parse_produce(args: &[String]) -> Result<(usize, bool), String> {
+    if let [flag] = args
+        && flag == "--marked"
+    {
+        return Ok((1, true));
+    }
+    parse_count(args).map(|n| (n, false))
+}
+
+fn parse_count(args: &[String]) -> Result<usize, String> {
     match args {
         [] => Ok(1),
         [flag, n] if flag == "--count" => n
@@ -528,7 +612,7 @@ async fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         None => embedded().await,
         Some("produce") => match parse_produce(&args[1..]) {
-            Ok(n) => produce(n).await,
+            Ok((n, marked)) => produce(n, marked).await,
             Err(e) => Err(e.into()),
         },
         Some("consume") => match parse_consume(&args[1..]) {

@@ -5,6 +5,8 @@
 //! babelqueue dlq list payments --limit 20
 //! babelqueue dlq requeue payments --id 2f1c…
 //! babelqueue dlq recover-poison payments --to payments.poison
+//! babelqueue dlq redrive payments --dry-run
+//! babelqueue dlq redrive payments --bypass --reason failed
 //! babelqueue doctor postgres://app@db/app
 //! babelqueue processing recover-legacy payments --yes
 //! babelqueue outbox relay postgres://app@db/app --broker redis://broker:6379/0
@@ -23,6 +25,7 @@ mod doctor;
 mod envelope;
 mod outbox;
 mod redis_cmds;
+mod redrive_cmd;
 mod report;
 
 use std::process::ExitCode;
@@ -55,7 +58,7 @@ enum Command {
     /// Queue depth: ready, in flight per consumer, delayed, dead letters, consumers.
     #[command(subcommand)]
     Queue(QueueCommand),
-    /// Dead letters of a queue (`<queue>.dlq`): list, requeue, recover poison.
+    /// Dead letters of a queue (`<queue>.dlq`): list, redrive, requeue, recover poison.
     #[command(subcommand)]
     Dlq(DlqCommand),
     /// Check that a live store has the cross-SDK layout; list leftover leases and
@@ -199,6 +202,47 @@ enum DlqCommand {
         /// Keep `attempts` as it is (default: reset to 0, a fresh set of retries).
         #[arg(long)]
         keep_attempts: bool,
+    },
+    /// Redrives dead letters (the family's redrive, ADR-0026): each back to its
+    /// `dead_letter.original_queue` (else `meta.queue`) or to `--to`, with the
+    /// `dead_letter` block removed and `attempts` reset to 0 (everything else kept).
+    ///
+    /// The DLQ is drained first (up to `--max`), then each message is handled: re-published,
+    /// and only then acknowledged on the DLQ. Not selected (`--reason`, `--urn`), a dry
+    /// run, a poison record, an undecodable body, a non-numeric `attempts`, no target:
+    /// restored to the DLQ unchanged. With `--bypass` the re-published messages carry the
+    /// transport header `bq-replay-bypass: 1`: handlers see a replay (`is_replay()`) and
+    /// skip their external effects. Redis and RabbitMQ. (`requeue` stays as the older,
+    /// narrower command: by meta.id, no dry run, no bypass.)
+    Redrive {
+        /// The queue whose dead letters to redrive (`<queue>.dlq`).
+        queue: String,
+        #[command(flatten)]
+        broker: Broker,
+        /// The dead-letter queue (default `<queue>.dlq`).
+        #[arg(long, value_name = "QUEUE")]
+        dlq: Option<String>,
+        /// Re-publish every message here (a sandbox) instead of its own source queue.
+        #[arg(long, value_name = "QUEUE")]
+        to: Option<String>,
+        /// Take at most this many messages off the DLQ (0: all).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        max: usize,
+        /// Print the plan; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only dead letters with this `dead_letter.reason` (repeatable: any of them).
+        #[arg(long, value_name = "REASON")]
+        reason: Vec<String>,
+        /// Only dead letters of this URN (repeatable: any of them).
+        #[arg(long, value_name = "URN")]
+        urn: Vec<String>,
+        /// Stamp `bq-replay-bypass` so handlers skip external effects (a replay).
+        #[arg(long)]
+        bypass: bool,
+        /// Print the result as one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Puts the original bytes of poison wrappers (bodies that were not an accepted
     /// envelope, dead-lettered as `urn:babel:poison`) back on a queue.
@@ -429,6 +473,50 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                         amqp_cmds::dlq_requeue(&b, &queue, &dlq, &selector, keep_attempts).await;
                     b.close().await;
                     done?;
+                }
+            }
+            Ok(0)
+        }
+        Command::Dlq(DlqCommand::Redrive {
+            queue,
+            broker,
+            dlq,
+            to,
+            max,
+            dry_run,
+            reason,
+            urn,
+            bypass,
+            json,
+        }) => {
+            let req = redrive_cmd::Request {
+                dlq: dlq_name(&queue, dlq),
+                to,
+                max,
+                dry_run,
+                reasons: reason,
+                urns: urn,
+                bypass,
+                json,
+            };
+            let open_err = |what: &str| {
+                let what = what.to_owned();
+                move |e: babelqueue_core::runtime::TransportError| {
+                    CliError::Message(format!("{what}: {}", redrive_cmd::chain_text(&e)))
+                }
+            };
+            match target(&broker.url)? {
+                Target::Redis(url) => {
+                    let t = babelqueue_redis::RedisTransport::connect(&url)
+                        .await
+                        .map_err(open_err("cannot connect to Redis"))?;
+                    redrive_cmd::run(&t, &req).await?;
+                }
+                Target::Amqp(url) => {
+                    let t = babelqueue_amqp::AmqpTransport::open(&url.to_url())
+                        .await
+                        .map_err(open_err("cannot connect to RabbitMQ"))?;
+                    redrive_cmd::run(&t, &req).await?;
                 }
             }
             Ok(0)

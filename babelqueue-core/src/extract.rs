@@ -88,13 +88,14 @@ impl StateMap {
 /// A type a `#[handler]` fn may take as an argument: built from the envelope and the
 /// router's state before the body runs.
 ///
-/// Implemented by [`Json<T>`], [`State<T>`], [`Attempts`] and [`Meta`](crate::Meta);
+/// Implemented by [`Json<T>`], [`State<T>`], [`Attempts`], [`Meta`](crate::Meta) and
+/// [`Replay`](crate::replay::Replay);
 /// implement it for an argument of your own (the `Rejection` is the handler's error
 /// when it cannot be built).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a #[handler] argument",
     label = "the router cannot build a `{Self}` from a message",
-    note = "a #[handler] fn takes `Json<T>` (the payload), `State<T>` (shared state from `Router::state`), `Attempts`, `Meta`, and the envelope as `&Envelope`, `&mut Envelope` or `Envelope`, in any order"
+    note = "a #[handler] fn takes `Json<T>` (the payload), `State<T>` (shared state from `Router::state`), `Attempts`, `Meta`, `Replay`, and the envelope as `&Envelope`, `&mut Envelope` or `Envelope`, in any order"
 )]
 pub trait FromEnvelope: Sized {
     /// Why the argument could not be built: the handler's error instead of running it.
@@ -278,6 +279,16 @@ impl FromEnvelope for Attempts {
 
     fn from_envelope(envelope: &Envelope, _: &StateMap) -> Result<Self, Self::Rejection> {
         Ok(Attempts(envelope.attempts))
+    }
+}
+
+/// Whether the delivery is a deliberate replay (redriven with `bypass`): see
+/// [`replay`](crate::replay).
+impl FromEnvelope for crate::replay::Replay {
+    type Rejection = std::convert::Infallible;
+
+    fn from_envelope(_: &Envelope, _: &StateMap) -> Result<Self, Self::Rejection> {
+        Ok(crate::replay::Replay(crate::replay::is_replay()))
     }
 }
 

@@ -189,10 +189,13 @@ where
             // caller's subscriber.
             let span = tracing::Span::current();
             let dispatch = tracing::dispatcher::get_default(Clone::clone);
+            // Task-locals are not visible on the blocking pool: the replay flag of the
+            // delivery is carried into the closure.
+            let replay = crate::replay::is_replay();
             let task = handle.spawn_blocking(move || {
                 tracing::dispatcher::with_default(&dispatch, || {
                     let _entered = span.enter();
-                    let (r, o) = capture_outcome_sync(f);
+                    let (r, o) = crate::replay::sync_scope(replay, || capture_outcome_sync(f));
                     into_output(r, o)
                 })
             });

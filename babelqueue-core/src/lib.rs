@@ -44,6 +44,8 @@ pub mod outbox;
 mod outcome;
 pub mod pipelined;
 pub mod prelude;
+pub mod redrive;
+pub mod replay;
 pub mod retention;
 pub mod runtime;
 #[cfg(feature = "schema")]

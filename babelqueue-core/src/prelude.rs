@@ -20,5 +20,8 @@ pub use crate::handler::{BoxError, HandlerError, Router};
 pub use crate::key::DedupeKey;
 pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
 pub use crate::memory::InMemoryStore;
+pub use crate::replay::{
+    Replay, bypass_external_effects, bypass_external_effects_async, is_replay,
+};
 pub use crate::runtime::{App, InMemoryTransport, Permanent, RetryPolicy, Transport};
 pub use crate::store::{AsyncStore, Store};

@@ -76,11 +76,16 @@ async fn run_handler(
     handler: &dyn Handler,
     env: Envelope,
     probe: &Arc<StoreProbe>,
+    replay: bool,
 ) -> Called {
     let started = Instant::now();
     let store_timeout = ctx.config.store_timeout;
     let handler_timeout = ctx.config.handler_timeout;
-    let fut = inflight::with_probe(Arc::clone(probe), call(handler, env));
+    // The delivery's `bq-replay-bypass` header, visible to the handler as `is_replay()`.
+    let fut = crate::replay::scope(
+        replay,
+        inflight::with_probe(Arc::clone(probe), call(handler, env)),
+    );
     tokio::pin!(fut);
     loop {
         let (phase, since, own) = probe.phase();
@@ -264,7 +269,8 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
     let probe = Arc::new(StoreProbe::with_pipeline(ctx.pipeline_server.clone()));
     let urn = handler.urn().to_owned();
     let started = Instant::now();
-    let called = run_handler(ctx, handler.as_ref(), envelope, &probe).await;
+    let replay = crate::replay::headers_are_replay(delivery.headers());
+    let called = run_handler(ctx, handler.as_ref(), envelope, &probe, replay).await;
     let duration = started.elapsed();
     inflight::take_sync_marks(&id, &probe);
     let verdict = classify(called, &probe);
