@@ -28,12 +28,12 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
 use babelqueue::amqp::AmqpTransport;
-use babelqueue::sqs::SqsTransport;
 use babelqueue::binding::BrokerUrl;
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Disposition, InMemoryTransport, Report, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
+use babelqueue::sqs::SqsTransport;
 use babelqueue::{
     AsyncLeaseStore, BoxError, Envelope, EnvelopeError, Guard, InMemoryStore, dyn_store::DynStore,
     dyn_store::DynStoreError, handler, idempotent, store::IntoHandlerError,

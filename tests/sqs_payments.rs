@@ -91,9 +91,9 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
                     .run_async(&env, async {
                         let id = env.data["payment_id"].as_str().unwrap().to_owned();
                         let mut ch = ch.lock().unwrap();
-                        let e = ch
-                            .entry(id)
-                            .or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
+                        let e =
+                            ch.entry(id)
+                                .or_insert((0, env.meta.id.clone(), env.meta.lang.clone()));
                         e.0 += 1;
                         assert_eq!(env.data["customer"], "Zoë Ångström");
                         Ok::<(), Never>(())
@@ -316,7 +316,10 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing() {
         if n >= N / 4 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(90), "no progress: {n}");
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "no progress: {n}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Mid-run: no shutdown, no delete of what it holds. SQS makes it visible again when
@@ -328,14 +331,21 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing() {
         if n >= N {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(180), "only {n} of {N} charged");
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "only {n} of {N} charged"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let recovered_in = killed_at.elapsed();
     // Wait (with a deadline) until the survivor has deleted everything, then stop it.
     let deadline = Instant::now() + Duration::from_secs(30);
     while counts(&queue).await != (0, 0, 0) {
-        assert!(Instant::now() < deadline, "left: {:?}", counts(&queue).await);
+        assert!(
+            Instant::now() < deadline,
+            "left: {:?}",
+            counts(&queue).await
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     b.terminate();

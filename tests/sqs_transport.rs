@@ -18,7 +18,9 @@ use babelqueue::sqs::aws_sdk_sqs::types::MessageAttributeValue;
 use babelqueue::sqs::{NOT_BEFORE, SqsTransport};
 use babelqueue::{DeadLetterReason, Envelope};
 use serde_json::{Value, json};
-use sqs_support::{client, counts, delete_all, queue_url, raw_receive, transport, transport_with, unique_queue};
+use sqs_support::{
+    client, counts, delete_all, queue_url, raw_receive, transport, transport_with, unique_queue,
+};
 
 const CHARGE: &str = "urn:babel:payments:charge";
 
@@ -118,10 +120,19 @@ async fn out_of_band_headers_ride_string_attributes() {
     let t = transport();
     let body = envelope(0);
     let mut h = Headers::new();
-    h.insert("traceparent".into(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    h.insert(
+        "traceparent".into(),
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+    );
     h.insert("bq-job".into(), "not the urn".into());
-    t.publish_with_headers(&queue, &body, Some(&h)).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    t.publish_with_headers(&queue, &body, Some(&h))
+        .await
+        .unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(d.body(), &body[..]);
     let got = d.headers().expect("the out-of-band header");
     assert_eq!(got.len(), 1, "{got:?}");
@@ -146,7 +157,11 @@ async fn attempts_are_reconciled_with_approximate_receive_count() {
         let got = raw_receive(&queue, 1, 0).await;
         assert_eq!(got.len(), 1, "receive {n}");
     }
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(d.delivery_count(), Some(3));
     assert_eq!(t.attempts(0, &d), 2, "max(body 0, 3 - 1)");
     assert_eq!(t.attempts(5, &d), 5, "never lower than the body");
@@ -154,8 +169,12 @@ async fn attempts_are_reconciled_with_approximate_receive_count() {
     for case in cases {
         let body = case["body_attempts"].as_u64().unwrap() as u32;
         let want = case["expected_attempts"].as_u64().unwrap() as u32;
-        let mut d = babelqueue::runtime::Delivery::native(&queue, envelope(body), Headers::new(), 1);
-        if let Some(c) = case["approximate_receive_count"].as_str().and_then(|c| c.parse().ok()) {
+        let mut d =
+            babelqueue::runtime::Delivery::native(&queue, envelope(body), Headers::new(), 1);
+        if let Some(c) = case["approximate_receive_count"]
+            .as_str()
+            .and_then(|c| c.parse().ok())
+        {
             d = d.with_delivery_count(c);
         }
         assert_eq!(t.attempts(body, &d), want, "{}", case["name"]);
@@ -170,11 +189,23 @@ async fn an_expired_visibility_redelivers_with_a_higher_count() {
     let queue = unique_queue("expire");
     let t = transport_with("&visibility_timeout=1").extend_visibility(false);
     t.publish_raw(&queue, envelope(0)).await.unwrap();
-    let first = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let first = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     let held_at = Instant::now();
     // Not acked (a crashed worker): after the 1 s lease it is delivered again.
-    let again = t.reserve(&queue, Duration::from_secs(10)).await.unwrap().expect("redelivered");
-    assert!(held_at.elapsed() >= Duration::from_millis(900), "{:?}", held_at.elapsed());
+    let again = t
+        .reserve(&queue, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("redelivered");
+    assert!(
+        held_at.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        held_at.elapsed()
+    );
     assert_eq!(again.body(), first.body());
     assert_eq!(again.delivery_count(), Some(2));
     assert_eq!(t.attempts(0, &again), 1);
@@ -188,17 +219,45 @@ async fn an_expired_visibility_redelivers_with_a_higher_count() {
 async fn the_lease_is_extended_while_a_slow_handler_runs() {
     let queue = unique_queue("extend");
     let holder = transport_with("&visibility_timeout=2");
-    holder.publish_raw(&queue, envelope(0)).await.unwrap();
-    let d = holder.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
-    // Another consumer polls for three leases' worth while the holder "handles" it.
-    let other = transport_with("&visibility_timeout=2");
+    let body_a = envelope(0);
+    holder.publish_raw(&queue, body_a.clone()).await.unwrap();
+    let d = holder
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    // The control: a message held by a transport that does not extend its lease.
+    let careless = transport_with("&visibility_timeout=2").extend_visibility(false);
+    let body_b = envelope(7);
+    careless.publish_raw(&queue, body_b.clone()).await.unwrap();
+    let b = careless
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.body(), &body_b[..]);
+    // Another consumer polls for three leases' worth while both "handle" theirs.
+    let other = transport_with("&visibility_timeout=30");
     let start = Instant::now();
+    let mut reappeared = Vec::new();
     while start.elapsed() < Duration::from_secs(6) {
-        let got = other.reserve(&queue, Duration::from_secs(1)).await.unwrap();
-        assert!(got.is_none(), "the held message reappeared after {:?}", start.elapsed());
+        if let Some(got) = other.reserve(&queue, Duration::from_secs(1)).await.unwrap() {
+            reappeared.push(got);
+        }
     }
-    assert_eq!(counts(&queue).await, (0, 0, 1), "still held");
+    let bodies: Vec<&[u8]> = reappeared.iter().map(|d| d.body()).collect();
+    assert_eq!(
+        bodies,
+        [&body_b[..]],
+        "only the control's message reappeared"
+    );
+    assert_eq!(
+        counts(&queue).await,
+        (0, 0, 2),
+        "A still held, B held by the other"
+    );
     holder.ack(&d).await.unwrap();
+    other.ack(&reappeared[0]).await.unwrap();
     assert_eq!(counts(&queue).await, (0, 0, 0));
     delete_all(&queue).await;
 }
@@ -209,20 +268,50 @@ async fn a_delayed_requeue_waits_with_delay_seconds_without_a_worker() {
     let queue = unique_queue("delay");
     let t = transport();
     t.publish_raw(&queue, envelope(0)).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     let retried = envelope(1);
     let start = Instant::now();
-    t.requeue(&d, Republish::with_body(retried.clone()), Duration::from_millis(1500))
-        .await
-        .unwrap();
-    assert!(start.elapsed() < Duration::from_secs(1), "the caller is not held for the delay");
-    assert_eq!(counts(&queue).await, (0, 1, 0), "one delayed copy, the original deleted");
+    t.requeue(
+        &d,
+        Republish::with_body(retried.clone()),
+        Duration::from_millis(1500),
+    )
+    .await
+    .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the caller is not held for the delay"
+    );
+    assert_eq!(
+        counts(&queue).await,
+        (0, 1, 0),
+        "one delayed copy, the original deleted"
+    );
     assert!(t.reserve(&queue, Duration::ZERO).await.unwrap().is_none());
-    assert!(t.next_due(&queue).await.unwrap().is_some(), "a drain waits for it");
-    let again = t.reserve(&queue, Duration::from_secs(10)).await.unwrap().expect("due");
-    assert!(start.elapsed() >= Duration::from_millis(1500), "{:?}", start.elapsed());
+    assert!(
+        t.next_due(&queue).await.unwrap().is_some(),
+        "a drain waits for it"
+    );
+    let again = t
+        .reserve(&queue, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("due");
+    assert!(
+        start.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(again.body(), &retried[..], "the new copy, attempts + 1");
-    assert_eq!(again.delivery_count(), Some(1), "a new message: the count starts again");
+    assert_eq!(
+        again.delivery_count(),
+        Some(1),
+        "a new message: the count starts again"
+    );
     assert_eq!(t.attempts(1, &again), 1);
     t.ack(&again).await.unwrap();
     delete_all(&queue).await;
@@ -260,23 +349,45 @@ async fn a_retry_past_fifteen_minutes_is_hidden_again_until_due() {
         .unwrap();
     let start = Instant::now();
     assert!(
-        t.reserve(&queue, Duration::from_secs(1)).await.unwrap().is_none(),
+        t.reserve(&queue, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none(),
         "received early: hidden again, not handed out"
     );
     assert_eq!(counts(&queue).await, (0, 0, 1));
-    let d = t.reserve(&queue, Duration::from_secs(10)).await.unwrap().expect("due");
-    assert!(start.elapsed() >= Duration::from_millis(1500), "{:?}", start.elapsed());
+    let d = t
+        .reserve(&queue, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("due");
+    assert!(
+        start.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(d.body(), &body[..]);
-    assert!(d.headers().is_none(), "bq-not-before is not an out-of-band header");
+    assert!(
+        d.headers().is_none(),
+        "bq-not-before is not an out-of-band header"
+    );
     t.ack(&d).await.unwrap();
 
     // And the publishing side: a requeue beyond 900 s sends the copy with the maximum
     // DelaySeconds and the due time.
     t.publish_raw(&queue, envelope(0)).await.unwrap();
-    let d = t.reserve(&queue, Duration::from_secs(5)).await.unwrap().unwrap();
-    t.requeue(&d, Republish::with_body(envelope(1)), Duration::from_secs(17 * 60))
+    let d = t
+        .reserve(&queue, Duration::from_secs(5))
         .await
+        .unwrap()
         .unwrap();
+    t.requeue(
+        &d,
+        Republish::with_body(envelope(1)),
+        Duration::from_secs(17 * 60),
+    )
+    .await
+    .unwrap();
     assert_eq!(counts(&queue).await, (0, 1, 0));
     delete_all(&queue).await;
 }
@@ -310,9 +421,16 @@ async fn a_failing_handler_is_retried_then_dead_lettered_to_the_dash_dlq() {
     t.publish(&queue, &sent).await.unwrap();
     let stats = app.drain().await.unwrap();
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.iter().map(|c| c.1).collect::<Vec<_>>(), [0, 1, 2], "{stats:?}");
+    assert_eq!(
+        calls.iter().map(|c| c.1).collect::<Vec<_>>(),
+        [0, 1, 2],
+        "{stats:?}"
+    );
     for w in calls.windows(2) {
-        assert!(w[1].0 - w[0].0 >= Duration::from_millis(1000), "the backoff was waited");
+        assert!(
+            w[1].0 - w[0].0 >= Duration::from_millis(1000),
+            "the backoff was waited"
+        );
     }
     assert_eq!((stats.retried, stats.dead_lettered), (2, 1), "{stats:?}");
     let dlq = format!("{queue}-dlq");
@@ -340,9 +458,11 @@ async fn a_poison_body_is_dead_lettered_with_its_bytes_intact() {
     t.publish_raw(&queue, envelope(0)).await.unwrap();
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let app = App::new(t.clone()).queue(&queue).route_sync(CHARGE, move |_e: &Envelope| {
-        h.fetch_add(1, Ordering::SeqCst);
-    });
+    let app = App::new(t.clone())
+        .queue(&queue)
+        .route_sync(CHARGE, move |_e: &Envelope| {
+            h.fetch_add(1, Ordering::SeqCst);
+        });
     let stats = app.drain().await.unwrap();
     assert_eq!(handled.load(Ordering::SeqCst), 1);
     assert_eq!(stats.poison, 1, "{stats:?}");
@@ -350,7 +470,11 @@ async fn a_poison_body_is_dead_lettered_with_its_bytes_intact() {
     assert_eq!(got.len(), 1);
     let record = got[0].body().unwrap().as_bytes();
     assert_eq!(
-        Envelope::decode(record).unwrap().dead_letter.unwrap().reason,
+        Envelope::decode(record)
+            .unwrap()
+            .dead_letter
+            .unwrap()
+            .reason,
         DeadLetterReason::Poison
     );
     assert_eq!(recover_poison(record).unwrap(), garbage, "bytes intact");
@@ -461,6 +585,9 @@ async fn connect_reads_the_family_url() {
     // The URL form of every SDK; credentials from the default chain are not needed to
     // build the transport.
     let t = SqsTransport::connect(&sqs_support::url()).await.unwrap();
-    assert_eq!(t.dead_letter_queue("orders", ".dlq").as_deref(), Some("orders-dlq"));
+    assert_eq!(
+        t.dead_letter_queue("orders", ".dlq").as_deref(),
+        Some("orders-dlq")
+    );
     assert!(SqsTransport::connect("amqp://localhost").await.is_err());
 }

@@ -46,12 +46,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use babelqueue::amqp::AmqpTransport;
-use babelqueue::sqs::SqsTransport;
 use babelqueue::postgres::PostgresStore;
 use babelqueue::redis::redis::{self, aio::MultiplexedConnection};
 use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
+use babelqueue::sqs::SqsTransport;
 use babelqueue::{
     AsyncLeaseStore, AsyncStore, BoxError, Envelope, Guard, InMemoryStore, store::IntoHandlerError,
 };

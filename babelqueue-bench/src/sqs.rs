@@ -27,7 +27,10 @@ pub async fn left(t: &SqsTransport, queue: &str) -> Result<u64, BoxError> {
 
 /// Deletes `queue` and its dead-letter queue (when they exist).
 pub async fn delete(t: &SqsTransport, queue: &str) -> Result<(), BoxError> {
-    for name in [queue.to_owned(), babelqueue::sqs::dead_letter_queue(queue, ".dlq")] {
+    for name in [
+        queue.to_owned(),
+        babelqueue::sqs::dead_letter_queue(queue, ".dlq"),
+    ] {
         let url = match t.client().get_queue_url().queue_name(&name).send().await {
             Ok(o) => o.queue_url().map(str::to_owned),
             Err(_) => None,

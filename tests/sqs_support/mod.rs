@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 use babelqueue::binding::BrokerUrl;
 use babelqueue::sqs::SqsTransport;
 use babelqueue::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use babelqueue::sqs::aws_sdk_sqs::types::{
-    MessageSystemAttributeName, QueueAttributeName,
-};
+use babelqueue::sqs::aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use babelqueue::sqs::aws_sdk_sqs::{self, Client};
 
-pub const NEEDS: &str = "needs moto_server (BABELQUEUE_MOTO, or beside BABELQUEUE_PYTHON); CI runs it with --ignored";
+pub const NEEDS: &str =
+    "needs moto_server (BABELQUEUE_MOTO, or beside BABELQUEUE_PYTHON); CI runs it with --ignored";
 
 pub struct Moto {
     pub port: u16,
@@ -84,7 +83,10 @@ kill $m; wait $m"#,
         let pid: u32 = line.trim().parse().expect("moto's pid");
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start on {port}");
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not start on {port}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let started_in = start.elapsed();
@@ -186,11 +188,7 @@ pub async fn counts(queue: &str) -> (u64, u64, u64) {
 
 /// Up to `n` messages of `queue` received raw (every attribute), hidden for `visibility`
 /// seconds (0: visible again at once).
-pub async fn raw_receive(
-    queue: &str,
-    n: i32,
-    visibility: i32,
-) -> Vec<aws_sdk_sqs::types::Message> {
+pub async fn raw_receive(queue: &str, n: i32, visibility: i32) -> Vec<aws_sdk_sqs::types::Message> {
     let url = queue_url(queue).await.expect("the queue exists");
     client()
         .receive_message()
@@ -209,7 +207,10 @@ pub async fn raw_receive(
 
 /// Deletes `queue` and its `-dlq` (if they exist).
 pub async fn delete_all(queue: &str) {
-    for name in [queue.to_owned(), babelqueue::sqs::dead_letter_queue(queue, ".dlq")] {
+    for name in [
+        queue.to_owned(),
+        babelqueue::sqs::dead_letter_queue(queue, ".dlq"),
+    ] {
         if let Some(url) = queue_url(&name).await {
             client().delete_queue().queue_url(url).send().await.unwrap();
         }

@@ -445,7 +445,9 @@ impl App {
         self.config.dead_letter_queue.clone().unwrap_or_else(|| {
             self.transport
                 .dead_letter_queue(&self.config.queue, &self.config.dead_letter_suffix)
-                .unwrap_or_else(|| format!("{}{}", self.config.queue, self.config.dead_letter_suffix))
+                .unwrap_or_else(|| {
+                    format!("{}{}", self.config.queue, self.config.dead_letter_suffix)
+                })
         })
     }
 
