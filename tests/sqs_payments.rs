@@ -205,6 +205,10 @@ async fn run_child() {
             let prefix = prefix.clone();
             async move {
                 let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
+                if env.attempts >= 1 {
+                    // Received before (ApproximateReceiveCount ≥ 2): a visibility ran out.
+                    let _: () = effects.incr(format!("{prefix}:redelivered"), 1).await?;
+                }
                 Guard::new(&store)
                     .run_async(&env, async {
                         tokio::time::sleep(handler_delay).await;
@@ -365,6 +369,16 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing() {
     );
     // A second charge only for what the killed one was handling (concurrency 4).
     assert!(doubles <= 4, "{doubles} double charges");
+    let redelivered: u64 = effects
+        .get::<_, Option<u64>>(format!("{prefix}:redelivered"))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    println!("sqs-result: sigkill redelivered={redelivered}");
+    assert!(
+        redelivered >= 1,
+        "what the killed consumer held came back when its visibility ran out"
+    );
     let keys: Vec<String> = effects.keys(format!("{prefix}:*")).await.unwrap();
     if !keys.is_empty() {
         let _: () = effects.del(keys).await.unwrap();
