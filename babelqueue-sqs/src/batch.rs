@@ -203,9 +203,9 @@ mod tests {
         assert!(lock(&sizes).iter().all(|&n| n == 1), "{:?}", lock(&sizes));
     }
 
-    async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output>
+    async fn futures_join<F>(futs: Vec<F>) -> Vec<F::Output>
     where
-        F: Send + 'static,
+        F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
         let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();

@@ -592,8 +592,12 @@ impl SqsTransport {
                 .and_then(|v| v.trim().parse::<u128>().ok())
                 .filter(|due| *due > now + 1000)
             {
-                self.hide_until(q, receipt, Duration::from_millis((due - now) as u64))
-                    .await?;
+                let left = Duration::from_millis(u64::try_from(due - now).unwrap_or(u64::MAX));
+                if let Err(error) = self.hide_until(q, receipt, left).await {
+                    // Not handed out either way: it reappears when this receive's
+                    // visibility runs out, and is hidden again then.
+                    tracing::warn!(queue = %q.name, %error, "hiding an early retry failed");
+                }
                 continue;
             }
             let count = m
@@ -1049,7 +1053,9 @@ async fn extend_loop(weak: Weak<Inner>) {
 async fn extend_due(inner: &Inner) {
     let lease = *lock(&inner.lease);
     let now = Instant::now();
-    let mut due: HashMap<String, (Arc<Queue>, Vec<(u64, String)>)> = HashMap::new();
+    // Per queue URL: the queue and its (tag, receipt) pairs to renew.
+    type Due = HashMap<String, (Arc<Queue>, Vec<(u64, String)>)>;
+    let mut due: Due = HashMap::new();
     {
         let mut held = lock(&inner.held);
         held.retain(|_, h| {
