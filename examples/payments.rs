@@ -47,6 +47,7 @@ use babelqueue::runtime::{
     App, Disposition, InMemoryTransport, Permanent, Report, Stats, Transport,
 };
 use babelqueue::sqlite::SqliteStore;
+use babelqueue::sqs::SqsTransport;
 use babelqueue::{
     AsyncLeaseStore, BoxError, Envelope, EnvelopeError, Guard, InMemoryStore, dyn_store::DynStore,
     dyn_store::DynStoreError, handler, idempotent, store::IntoHandlerError,
@@ -324,14 +325,16 @@ async fn embedded() -> Result<bool, Box<dyn std::error::Error>> {
 }
 
 /// The broker `BROKER_URL` names, by its scheme as every SDK of the family reads it:
-/// `redis://` / `rediss://` (Redis lists) or `amqp://` / `amqps://` (RabbitMQ).
+/// `redis://` / `rediss://` (Redis lists), `amqp://` / `amqps://` (RabbitMQ) or
+/// `sqs://<region>?endpoint=<url>` (Amazon SQS; credentials from the AWS default chain).
 async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error::Error>> {
     Ok(match BrokerUrl::parse(url)? {
         BrokerUrl::Redis { .. } => Arc::new(RedisTransport::connect(url).await?),
         BrokerUrl::Amqp(_) => Arc::new(AmqpTransport::open(url).await?),
+        BrokerUrl::Sqs(_) => Arc::new(SqsTransport::connect(url).await?),
         other => {
             return Err(format!(
-                "BROKER_URL {other}: this example speaks redis:// and amqp:// (SQS and Kafka are not built yet)"
+                "BROKER_URL {other}: this example speaks redis://, amqp:// and sqs:// (Kafka is not built yet)"
             )
             .into());
         }
@@ -494,6 +497,7 @@ consume options:
 Environment:
   BROKER_URL   the broker, by its scheme: redis://… (default redis://localhost:6379/0)
                or amqp://user:pass@host:port/vhost (RabbitMQ)
+               or sqs://<region>?endpoint=<url> (Amazon SQS, AWS credential chain)
   STORE_URL    the dedupe store's own URL (redis: default BROKER_URL when it is Redis,
                else redis://localhost:6379/0; postgres: default POSTGRES_URL)
   QUEUE        queue name (default payments)

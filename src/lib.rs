@@ -5,7 +5,7 @@
 //! `meta.id` with `#[idempotent]`.
 //!
 //! This is the facade crate: it re-exports [`babelqueue_core`] and, behind cargo
-//! features, the backends (`redis`, `postgres`, `sqlite`, `amqp`).
+//! features, the backends (`redis`, `postgres`, `sqlite`, `amqp`, `sqs`).
 //!
 //! ## A note on `serde_json` features
 //!
@@ -81,6 +81,11 @@ pub use babelqueue_sqlite as sqlite;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use babelqueue_amqp as amqp;
+
+/// The Amazon SQS transport: [`SqsTransport`](babelqueue_sqs::SqsTransport) (feature `sqs`).
+#[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+pub use babelqueue_sqs as sqs;
 
 /// The code blocks of `README.md`, compiled (and run, where they need no server) as
 /// doctests so the README cannot drift from the API.

@@ -31,8 +31,15 @@
 //! cargo run --release -p babelqueue-bench -- --broker amqp --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f --concurrency 8
 //! cargo run --release -p babelqueue-bench -- --broker amqp --bare --concurrency 8
 //! ```
+//!
+//! `--broker sqs` runs it on SQS (`--sqs-url`, the family's `sqs://<region>?endpoint=…`,
+//! credentials from the AWS chain): each run loads a fresh queue `bench-payments-<uuid>`
+//! in `SendMessageBatch` calls (not timed), drains it with the `App` over `SqsTransport`,
+//! checks effects, skips and that nothing is left, and deletes the queue. Against an
+//! emulator (moto) the figures say nothing about the real service.
 
 mod amqp;
+mod sqs;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +51,7 @@ use babelqueue::redis::redis::{self, aio::MultiplexedConnection};
 use babelqueue::redis::{RedisStore, RedisTransport};
 use babelqueue::runtime::{App, Stats, Transport};
 use babelqueue::sqlite::SqliteStore;
+use babelqueue::sqs::SqsTransport;
 use babelqueue::{
     AsyncLeaseStore, AsyncStore, BoxError, Envelope, Guard, InMemoryStore, store::IntoHandlerError,
 };
@@ -61,6 +69,8 @@ enum Broker {
     Redis,
     /// RabbitMQ (`--amqp-url`); `--url` is then the Redis store's server.
     Amqp,
+    /// Amazon SQS (`--sqs-url`); `--url` is then the Redis store's server.
+    Sqs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,6 +104,9 @@ struct Args {
     /// RabbitMQ's URL (`--broker amqp`).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
+    /// SQS, in the family's URL form (`--broker sqs`; credentials from the AWS chain).
+    #[arg(long, default_value = "sqs://us-east-1?endpoint=http://127.0.0.1:4566")]
+    sqs_url: String,
     /// `--broker amqp --preload-only`: the queue to load (default: a fresh
     /// `bench.payments.<uuid>`, printed). Timed runs always use a fresh queue each.
     #[arg(long)]
@@ -358,6 +371,7 @@ where
         (Broker::Redis, Some(raw)) => one_run_redis(args, bodies, store, raw).await,
         (Broker::Redis, None) => Err("the Redis broker needs its connection".into()),
         (Broker::Amqp, raw) => one_run_amqp(args, bodies, store, raw).await,
+        (Broker::Sqs, raw) => one_run_sqs(args, bodies, store, raw).await,
     }
 }
 
@@ -459,6 +473,64 @@ where
     Ok(run)
 }
 
+/// One run on SQS: a fresh queue, loaded in batches, drained by the `App`, checked,
+/// deleted.
+async fn one_run_sqs<S>(
+    args: &Args,
+    bodies: &[Vec<u8>],
+    store: Arc<S>,
+    raw: Option<&mut MultiplexedConnection>,
+) -> Result<Run, BoxError>
+where
+    S: AsyncStore + AsyncLeaseStore + Send + Sync + 'static,
+    S::Error: IntoHandlerError<BoxError>,
+{
+    let queue = sqs::fresh_queue();
+    let transport = SqsTransport::connect(&args.sqs_url).await?;
+    let run = async {
+        sqs::preload(&transport, &queue, bodies).await?;
+        let total = bodies.len() as u64;
+        let n = args.n as u64;
+        let effects = Arc::new(AtomicU64::new(0));
+        let app = consumer(
+            transport.clone(),
+            &queue,
+            store,
+            args.mode,
+            args.concurrency,
+            effects.clone(),
+        );
+        let (out, redis_cmds, redis_reads) = counted(raw, async {
+            let start = Instant::now();
+            let stats = app.drain().await;
+            (stats, start.elapsed().as_secs_f64())
+        })
+        .await?;
+        let (stats, secs) = out;
+        let stats = stats?;
+        app.transport().leave(&queue).await?;
+        let run = Run {
+            deliveries: stats.processed,
+            secs,
+            effects: effects.load(Ordering::Relaxed),
+            skips: stats.skipped,
+            redis_cmds,
+            redis_reads,
+        };
+        let left = match sqs::left(&transport, &queue).await? {
+            0 => String::new(),
+            k => format!("{k} left on `{queue}`"),
+        };
+        check(&run, &stats, n, total - n, &left)?;
+        Ok::<Run, BoxError>(run)
+    }
+    .await;
+    let deleted = sqs::delete(&transport, &queue).await;
+    let run = run?;
+    deleted?;
+    Ok(run)
+}
+
 async fn one_run_redis<S>(
     args: &Args,
     bodies: &[Vec<u8>],
@@ -517,6 +589,9 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     }
     if args.broker == Broker::Redis && (args.bare || args.queue.is_some()) {
         return Err("--bare and --queue are for --broker amqp".into());
+    }
+    if args.broker == Broker::Sqs && (args.bare || args.preload_only || args.queue.is_some()) {
+        return Err("--bare, --preload-only and --queue are for --broker amqp".into());
     }
     if args.broker == Broker::Amqp && args.concurrency > usize::from(u16::MAX) {
         return Err("--concurrency is the AMQP prefetch: at most 65535".into());

@@ -439,12 +439,16 @@ impl App {
         &self.config.queue
     }
 
-    /// The dead-letter queue: the configured one, else `<queue><suffix>`.
+    /// The dead-letter queue: the configured one, else the transport's name for it
+    /// ([`Transport::dead_letter_queue`]: SQS `<queue>-dlq`), else `<queue><suffix>`.
     pub fn dead_letter_queue_name(&self) -> String {
-        self.config
-            .dead_letter_queue
-            .clone()
-            .unwrap_or_else(|| format!("{}{}", self.config.queue, self.config.dead_letter_suffix))
+        self.config.dead_letter_queue.clone().unwrap_or_else(|| {
+            self.transport
+                .dead_letter_queue(&self.config.queue, &self.config.dead_letter_suffix)
+                .unwrap_or_else(|| {
+                    format!("{}{}", self.config.queue, self.config.dead_letter_suffix)
+                })
+        })
     }
 
     /// What every worker of one consume shares.

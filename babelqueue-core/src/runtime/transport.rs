@@ -639,6 +639,16 @@ pub trait Transport: Send + Sync + 'static {
         body_attempts
     }
 
+    /// The dead-letter queue of `queue` on this broker, given the App's configured suffix
+    /// (`.dlq` unless changed), when the broker names it otherwise; `None` (the default):
+    /// `<queue><suffix>`. SQS allows no `.` in a queue name, so its transport answers the
+    /// family's `<queue>-dlq` (`<queue>-dlq.fifo` for a FIFO queue). An explicit
+    /// [`App::dead_letter_queue`](super::App::dead_letter_queue) always wins.
+    fn dead_letter_queue(&self, queue: &str, suffix: &str) -> Option<String> {
+        let _ = (queue, suffix);
+        None
+    }
+
     /// A consumer of `queue` starts (the runtime calls it once per consume, before the
     /// first [`reserve`](Self::reserve)). What only this broker needs beside the message
     /// loop starts here, as the transport's own background work: the Redis transport
@@ -825,6 +835,9 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
     }
     fn attempts(&self, body_attempts: u32, delivery: &Delivery) -> u32 {
         T::attempts(self, body_attempts, delivery)
+    }
+    fn dead_letter_queue(&self, queue: &str, suffix: &str) -> Option<String> {
+        T::dead_letter_queue(self, queue, suffix)
     }
     fn start_consumer<'a>(
         &'a self,
