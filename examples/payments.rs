@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Environment: `BROKER_URL` (default `redis://localhost:6379/0`; `amqp://…` selects
-//! RabbitMQ: the scheme decides, as in the other SDKs), `STORE_URL` (the dedupe
+//! RabbitMQ, `kafka://host:port` Kafka when built with `--features kafka`: the scheme
+//! decides, as in the other SDKs), `STORE_URL` (the dedupe
 //! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis when the
 //! broker is Redis, else `redis://localhost:6379/0`,
 //! `POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test` for postgres; the table is
@@ -269,6 +270,9 @@ async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error
     Ok(match BrokerUrl::parse(url)? {
         BrokerUrl::Redis { .. } => Arc::new(RedisTransport::connect(url).await?),
         BrokerUrl::Amqp(_) => Arc::new(AmqpTransport::open(url).await?),
+        // Kafka (default group `babelqueue`, or `?group=`): build with `--features kafka`.
+        #[cfg(feature = "kafka")]
+        BrokerUrl::Kafka(_) => Arc::new(babelqueue::kafka::KafkaTransport::new(url)?),
         other => {
             return Err(format!(
                 "BROKER_URL {other}: this example speaks redis:// and amqp:// (SQS and Kafka are not built yet)"
@@ -422,6 +426,7 @@ consume options:
 Environment:
   BROKER_URL   the broker, by its scheme: redis://… (default redis://localhost:6379/0)
                or amqp://user:pass@host:port/vhost (RabbitMQ)
+               or kafka://host:port[,host:port] (Kafka; built with --features kafka)
   STORE_URL    the dedupe store's own URL (redis: default BROKER_URL when it is Redis,
                else redis://localhost:6379/0; postgres: default POSTGRES_URL)
   QUEUE        queue name (default payments)

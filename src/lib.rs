@@ -82,6 +82,12 @@ pub use babelqueue_sqlite as sqlite;
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use babelqueue_amqp as amqp;
 
+/// The Apache Kafka transport: [`KafkaTransport`](babelqueue_kafka::KafkaTransport)
+/// (feature `kafka`; not in `full`: it builds librdkafka's C sources).
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use babelqueue_kafka as kafka;
+
 /// The code blocks of `README.md`, compiled (and run, where they need no server) as
 /// doctests so the README cannot drift from the API.
 #[cfg(doctest)]
