@@ -63,10 +63,7 @@ fn python(mode: &str, broker: &Broker, queue: &str, envs: &[(&str, &str)]) -> St
 #[error("the gateway failed")]
 struct Gateway;
 
-fn guarded_app(
-    t: KafkaTransport,
-    queue: &str,
-) -> (App, Arc<Mutex<HashMap<String, usize>>>) {
+fn guarded_app(t: KafkaTransport, queue: &str) -> (App, Arc<Mutex<HashMap<String, usize>>>) {
     let store = Arc::new(InMemoryStore::new());
     let charges = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let ch = charges.clone();
@@ -92,7 +89,9 @@ fn guarded_app(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu) and the Python SDK (BABELQUEUE_PYTHON); CI runs it with --ignored"]
 async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let queue = unique_topic("py2rs");
     let t = KafkaTransport::new(&broker.url()).unwrap();
     t.ensure_topic(&queue).await.unwrap();
@@ -113,7 +112,11 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
     assert_eq!(raw[0].header("bq-source-lang").as_deref(), Some("python"));
     assert_eq!(raw[0].header("bq-attempts").as_deref(), Some("0"));
     t.leave(&queue).await.unwrap();
-    assert_eq!(t.committed(&queue).await.unwrap(), [(0, 400)], "all committed");
+    assert_eq!(
+        t.committed(&queue).await.unwrap(),
+        [(0, 400)],
+        "all committed"
+    );
     println!(
         "kafka-result: py2rs 400 records drained in {} ms",
         elapsed.as_millis()
@@ -123,7 +126,9 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu) and the Python SDK (BABELQUEUE_PYTHON); CI runs it with --ignored"]
 async fn rust_publishes_each_payment_twice_and_the_python_sdk_charges_each_once() {
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let queue = unique_topic("rs2py");
     let t = KafkaTransport::new(&broker.url()).unwrap();
     for i in 0..200 {
@@ -150,7 +155,9 @@ async fn rust_publishes_each_payment_twice_and_the_python_sdk_charges_each_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored"]
 async fn a_failure_past_max_attempts_lands_in_the_dlq_with_the_family_block() {
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let queue = unique_topic("dlq");
     let t = KafkaTransport::builder(&broker.url())
         .unwrap()
@@ -178,7 +185,11 @@ async fn a_failure_past_max_attempts_lands_in_the_dlq_with_the_family_block() {
     sent.meta.queue = queue.clone();
     t.publish(&queue, &sent).await.unwrap();
     let stats = app.drain().await.unwrap();
-    assert_eq!(*calls.lock().unwrap(), [0, 1, 2], "attempts from bq-attempts");
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [0, 1, 2],
+        "attempts from bq-attempts"
+    );
     assert_eq!(stats.dead_lettered, 1, "{stats:?}");
 
     let dead = read_all(
@@ -196,7 +207,10 @@ async fn a_failure_past_max_attempts_lands_in_the_dlq_with_the_family_block() {
     assert_eq!(block.attempts, 3);
     assert_eq!(block.lang, "rust");
     // Projected like any record.
-    assert_eq!(dead[0].header("bq-message-id").as_deref(), Some(sent.meta.id.as_str()));
+    assert_eq!(
+        dead[0].header("bq-message-id").as_deref(),
+        Some(sent.meta.id.as_str())
+    );
     assert_eq!(dead[0].header("bq-job").as_deref(), Some(CHARGE));
     t.leave(&queue).await.unwrap();
     // 1 original + 2 re-injected retries, all committed.
@@ -354,7 +368,9 @@ impl Drop for ConsumerProcess {
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu) and Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --ignored"]
 async fn a_consumer_sigkilled_mid_run_loses_nothing_and_the_group_rebalances() {
     const N: u64 = 600;
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let queue = unique_topic("fleet");
     let prefix = format!("bq-test:kafka-fleet:{}", uuid::Uuid::new_v4().simple());
     let mut effects = redis::Client::open(redis_url())

@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use babelqueue::binding::kafka::retry::Tiers;
 use babelqueue::kafka::KafkaTransport;
 use babelqueue::kafka::rdkafka::ClientConfig;
 use babelqueue::kafka::rdkafka::message::{Header, OwnedHeaders};
 use babelqueue::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use babelqueue::kafka::rdkafka::util::Timeout;
-use babelqueue::binding::kafka::retry::Tiers;
 use babelqueue::runtime::{Headers, RetryPolicy, Transport};
 use babelqueue::{App, Envelope};
-use kafka_support::{Broker, NEEDS, high_watermarks, read_all, unique_topic};
+use kafka_support::{Broker, high_watermarks, read_all, unique_topic};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -56,15 +56,18 @@ fn manifest() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored"]
 async fn the_wire_is_the_conformance_kafka_block_and_the_body_is_byte_identical() {
-    let Some(broker) = Broker::start() else { return };
-    println!("kafka-result: tansu started_in_ms={}", broker.started_in.as_millis());
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    println!(
+        "kafka-result: tansu started_in_ms={}",
+        broker.started_in.as_millis()
+    );
     let t = KafkaTransport::new(&broker.url()).unwrap();
     let topic = unique_topic("wire");
     let block = &manifest()["kafka"]["property_projection"];
-    let fixture = std::fs::read(
-        conformance_dir().join(block["envelope_file"].as_str().unwrap()),
-    )
-    .unwrap();
+    let fixture =
+        std::fs::read(conformance_dir().join(block["envelope_file"].as_str().unwrap())).unwrap();
     t.publish_raw(&topic, fixture.clone()).await.unwrap();
     // Bytes no re-encoding would keep, with an out-of-band header.
     let odd = "{ \"job\":\"urn:babel:x:y\",  \"data\":{\"z\":1,\"a\":\"Zo\\u00eb \u{2615}\"},\"trace_id\":\"t\",\"meta\":{\"id\":\"i\",\"queue\":\"q\",\"lang\":\"go\",\"schema_version\":1,\"created_at\":1},\"attempts\":0 }";
@@ -77,7 +80,10 @@ async fn the_wire_is_the_conformance_kafka_block_and_the_body_is_byte_identical(
     let raw = read_all(&broker.bootstrap(), &topic, 2, Duration::from_secs(20));
     assert_eq!(raw.len(), 2, "{raw:?}");
     let first = &raw[0];
-    assert_eq!(first.value, fixture, "the record value is the envelope byte for byte");
+    assert_eq!(
+        first.value, fixture,
+        "the record value is the envelope byte for byte"
+    );
     let want: HashMap<String, String> = block["headers"]
         .as_object()
         .unwrap()
@@ -127,7 +133,9 @@ async fn the_wire_is_the_conformance_kafka_block_and_the_body_is_byte_identical(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored"]
 async fn bq_attempts_is_authoritative_on_the_wire_for_every_conformance_case() {
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let t = KafkaTransport::new(&broker.url()).unwrap();
     let topic = unique_topic("attempts");
     t.ensure_topic(&topic).await.unwrap();
@@ -186,6 +194,24 @@ async fn bq_attempts_is_authoritative_on_the_wire_for_every_conformance_case() {
 #[error("the gateway failed")]
 struct Gateway;
 
+type Handled = Arc<Mutex<Vec<(String, u32)>>>;
+
+/// Polls `handled` until `f` holds (30 s at most).
+async fn wait_for(handled: &Handled, what: &str, f: impl Fn(&[(String, u32)]) -> bool) {
+    let start = Instant::now();
+    loop {
+        if f(&handled.lock().unwrap()) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: {:?}",
+            handled.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// One partition, concurrency 4: `pay_1` is held in its handler while `pay_0`, `pay_2`,
 /// `pay_3`, `pay_4` are handled; the committed offset stays at 1 (pay_1's). Released, it
 /// fails, is parked on the first retry tier (a raw read shows it there with `bq-attempts`
@@ -194,7 +220,9 @@ struct Gateway;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored"]
 async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_the_tier_topic() {
-    let Some(broker) = Broker::start() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let t = KafkaTransport::builder(&broker.url())
         .unwrap()
         .retry_tiers(Tiers::new(vec![300, 5_000]).unwrap())
@@ -210,7 +238,7 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
         .await
         .unwrap();
     }
-    let handled = Arc::new(Mutex::new(Vec::<(String, u32)>::new()));
+    let handled: Handled = Arc::new(Mutex::new(Vec::new()));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let (h, g) = (handled.clone(), gate.clone());
     let app = App::new(t.clone())
@@ -244,23 +272,10 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
         .await
     });
 
-    let wait_for = |what: &str, deadline: Duration, f: &dyn Fn(&[(String, u32)]) -> bool| {
-        let start = Instant::now();
-        loop {
-            if f(&handled.lock().unwrap()) {
-                return;
-            }
-            assert!(
-                start.elapsed() < deadline,
-                "{what}: {:?}",
-                handled.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait_for("the others handled while pay_1 is held", Duration::from_secs(30), &|h| {
+    wait_for(&handled, "the others handled while pay_1 is held", |h| {
         h.len() == 5 && h.iter().any(|(id, _)| id == "held")
-    });
+    })
+    .await;
     // pay_0 is settled: the commit reaches 1 and, while pay_1 runs, goes no further
     // (observed over 10 commit intervals).
     let start = Instant::now();
@@ -269,19 +284,30 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
         if c == [(0, 1)] {
             break;
         }
-        assert!(c.is_empty() || c == [(0, 1)], "the commit passed pay_1: {c:?}");
-        assert!(start.elapsed() < Duration::from_secs(20), "no commit: {c:?}");
+        assert!(
+            c.is_empty() || c == [(0, 1)],
+            "the commit passed pay_1: {c:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no commit: {c:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(t.committed(&topic).await.unwrap(), [(0, 1)], "held at pay_1");
+        assert_eq!(
+            t.committed(&topic).await.unwrap(),
+            [(0, 1)],
+            "held at pay_1"
+        );
     }
 
     gate.add_permits(1);
-    wait_for("pay_1 retried", Duration::from_secs(30), &|h| {
+    wait_for(&handled, "pay_1 retried", |h| {
         h.iter().any(|(id, a)| id == "pay_1" && *a == 1)
-    });
+    })
+    .await;
     // The retry went through the first tier topic, with the family's headers.
     let parked = read_all(
         &broker.bootstrap(),
@@ -293,9 +319,15 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
     let p = &parked[0];
     assert_eq!(p.header("bq-attempts").as_deref(), Some("1"));
     assert_eq!(p.header("bq-delay").as_deref(), Some("200"));
-    assert_eq!(p.header("bq-original-topic").as_deref(), Some(topic.as_str()));
+    assert_eq!(
+        p.header("bq-original-topic").as_deref(),
+        Some(topic.as_str())
+    );
     let body = Envelope::decode(&p.value).unwrap();
-    assert_eq!((body.data["payment_id"].as_str(), body.attempts), (Some("pay_1"), 1));
+    assert_eq!(
+        (body.data["payment_id"].as_str(), body.attempts),
+        (Some("pay_1"), 1)
+    );
 
     // Every record of the partition settled: the commit reaches its end (5 originals + the
     // re-injected retry).
@@ -305,7 +337,10 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
         if c == [(0, 6)] {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "commit stuck: {c:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "commit stuck: {c:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(high_watermarks(&broker.bootstrap(), &topic), [(0, 6)]);

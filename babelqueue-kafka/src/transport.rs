@@ -216,8 +216,10 @@ impl KafkaBuilder {
                 s.delivery_timeout.as_millis().max(1).to_string(),
             );
         let producer: FutureProducer = s.apply(p).create().map_err(TransportError::backend)?;
-        let admin: AdminClient<DefaultClientContext> =
-            s.apply(s.client()).create().map_err(TransportError::backend)?;
+        let admin: AdminClient<DefaultClientContext> = s
+            .apply(s.client())
+            .create()
+            .map_err(TransportError::backend)?;
         Ok(KafkaTransport {
             inner: Arc::new(Inner {
                 settings: s,
@@ -684,7 +686,8 @@ impl KafkaTransport {
         let extra = republish.headers(delivery);
         let queue = delivery.queue();
         if delay.is_zero() {
-            self.publish_impl(queue, body, extra, key.as_deref()).await?;
+            self.publish_impl(queue, body, extra, key.as_deref())
+                .await?;
         } else {
             let tiers = &self.inner.settings.tiers;
             let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
@@ -695,17 +698,27 @@ impl KafkaTransport {
             });
             let meta = record_meta(body, extra);
             let headers = retry::tier_headers(meta.headers, queue, ms, None);
+            // Counted before the produce: a re-inject that outruns this task must not
+            // find the count at zero.
+            self.inner.parked.fetch_add(1, Ordering::SeqCst);
             // Stamped with the time it is parked, so the tier's whole delay holds
             // (`retry::target_time` clamps the due time into [now, now + tier]).
-            self.produce(
-                &retry::retry_topic(queue, n),
-                body,
-                Self::owned_headers(&headers),
-                key.as_deref(),
-                Some(now_ms()),
-            )
-            .await?;
-            self.inner.parked.fetch_add(1, Ordering::SeqCst);
+            let parked = self
+                .produce(
+                    &retry::retry_topic(queue, n),
+                    body,
+                    Self::owned_headers(&headers),
+                    key.as_deref(),
+                    Some(now_ms()),
+                )
+                .await;
+            if let Err(e) = parked {
+                let _ = self
+                    .inner
+                    .parked
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+                return Err(e);
+            }
         }
         self.settle(delivery);
         Ok(())
@@ -816,9 +829,9 @@ impl KafkaTransport {
         .await
         .map_err(TransportError::backend)?
         .map_err(map_err)?;
-        let in_flight = self.consumer_of(queue).map_or(0, |c| {
-            lock(&c.shared.state).in_flight.len() as u64
-        });
+        let in_flight = self
+            .consumer_of(queue)
+            .map_or(0, |c| lock(&c.shared.state).in_flight.len() as u64);
         let parked = self.inner.parked.load(Ordering::SeqCst) as u64;
         Ok(QueueDepth::new(
             ready.saturating_sub(in_flight),
@@ -899,7 +912,10 @@ async fn reinject_loop(
             backoff
         } else {
             backoff = Duration::from_millis(100);
-            let next = held.values().filter_map(|q| q.front().map(|(_, d)| *d)).min();
+            let next = held
+                .values()
+                .filter_map(|q| q.front().map(|(_, d)| *d))
+                .min();
             next.map_or(Duration::from_secs(1), |due| {
                 Duration::from_millis(u64::try_from(due - now_ms()).unwrap_or(0))
                     .min(Duration::from_secs(1))

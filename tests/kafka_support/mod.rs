@@ -16,7 +16,8 @@ use babelqueue::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use babelqueue::kafka::rdkafka::message::{Headers, Message};
 use babelqueue::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-pub const NEEDS: &str = "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored";
+pub const NEEDS: &str =
+    "needs the tansu broker (BABELQUEUE_TANSU or ~/.cargo/bin/tansu); CI runs it with --ignored";
 
 pub fn tansu_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("BABELQUEUE_TANSU") {
@@ -67,7 +68,7 @@ impl Broker {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
-        let broker = Broker {
+        let mut broker = Broker {
             child,
             port,
             started_in: Duration::ZERO,
@@ -77,10 +78,8 @@ impl Broker {
             assert!(Instant::now() < deadline, "tansu did not listen on {port}");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Some(Broker {
-            started_in: start.elapsed(),
-            ..broker
-        })
+        broker.started_in = start.elapsed();
+        Some(broker)
     }
 
     pub fn url(&self) -> String {
