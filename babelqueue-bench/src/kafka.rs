@@ -93,9 +93,7 @@ async fn delete(bootstrap: &str, topic: &str) -> Result<(), BoxError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()?;
-    admin
-        .delete_topics(&[topic], &AdminOptions::new())
-        .await?;
+    admin.delete_topics(&[topic], &AdminOptions::new()).await?;
     Ok(())
 }
 
@@ -131,7 +129,9 @@ where
         let stats = app.drain().await?;
         let end = Instant::now();
         let secs = end.duration_since(start).as_secs_f64();
-        let joined = first.get().map_or(0.0, |t| t.duration_since(start).as_secs_f64());
+        let joined = first
+            .get()
+            .map_or(0.0, |t| t.duration_since(start).as_secs_f64());
         eprintln!(
             "kafka: first delivery after {:.3} s (group join); {:.0}/s after it",
             joined,
