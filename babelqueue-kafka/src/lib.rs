@@ -34,7 +34,7 @@
 //! let t = KafkaTransport::new("kafka://127.0.0.1:9092")?;
 //! let app = App::new(t).queue("payments").concurrency(8).route_sync(
 //!     "urn:babel:payments:charge",
-//!     |env: &babelqueue_core::Envelope| println!("charge {}", env.data),
+//!     |env: &babelqueue_core::Envelope| println!("charge {:?}", env.data),
 //! );
 //! app.publish("urn:babel:payments:charge", &serde_json::json!({"amount": 1})).await?;
 //! app.drain().await?;
