@@ -434,32 +434,33 @@ impl KafkaTransport {
         &self.inner.settings.tiers
     }
 
-    /// Creates `topic` when this transport creates topics and has not seen it yet (an
-    /// existing topic is left as it is).
+    /// Creates `topic` when this transport creates topics and has not tried yet (an
+    /// existing topic is left as it is). A refused or unanswered creation is logged once
+    /// and not an error: the topic may exist already, or the broker may create it on first
+    /// use (`auto.create.topics.enable`); a produce to a topic that cannot exist fails by
+    /// itself.
     pub async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
         let s = &self.inner.settings;
-        if !s.create_topics || lock(&self.inner.created).contains(topic) {
+        if !s.create_topics || !lock(&self.inner.created).insert(topic.to_owned()) {
             return Ok(());
         }
         let new = NewTopic::new(topic, s.partitions, TopicReplication::Fixed(s.replication));
         let opts = AdminOptions::new().operation_timeout(Some(Timeout::After(QUERY_TIMEOUT)));
-        let results = self
-            .inner
-            .admin
-            .create_topics([&new], &opts)
-            .await
-            .map_err(map_err)?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code)) => {
-                    return Err(TransportError::backend(format!(
-                        "creating the Kafka topic {name:?} failed: {code}"
-                    )));
+        match self.inner.admin.create_topics([&new], &opts).await {
+            Ok(results) => {
+                for r in results {
+                    match r {
+                        Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                        Err((name, code)) => {
+                            tracing::warn!(topic = %name, error = %code, "kafka: creating the topic failed; relying on it existing or being created by the broker");
+                        }
+                    }
                 }
             }
+            Err(e) => {
+                tracing::warn!(topic, error = %e, "kafka: creating the topic failed; relying on it existing or being created by the broker");
+            }
         }
-        lock(&self.inner.created).insert(topic.to_owned());
         Ok(())
     }
 
