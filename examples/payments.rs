@@ -21,7 +21,9 @@
 //! ```
 //!
 //! Environment: `BROKER_URL` (default `redis://localhost:6379/0`; `amqp://…` selects
-//! RabbitMQ: the scheme decides, as in the other SDKs), `STORE_URL` (the dedupe
+//! RabbitMQ, `sqs://<region>?endpoint=<url>` Amazon SQS, `kafka://host:port` Kafka when
+//! built with `--features kafka`: the scheme
+//! decides, as in the other SDKs), `STORE_URL` (the dedupe
 //! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis when the
 //! broker is Redis, else `redis://localhost:6379/0`,
 //! `POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test` for postgres; the table is
@@ -332,9 +334,12 @@ async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error
         BrokerUrl::Redis { .. } => Arc::new(RedisTransport::connect(url).await?),
         BrokerUrl::Amqp(_) => Arc::new(AmqpTransport::open(url).await?),
         BrokerUrl::Sqs(_) => Arc::new(SqsTransport::connect(url).await?),
+        // Kafka (default group `babelqueue`, or `?group=`): build with `--features kafka`.
+        #[cfg(feature = "kafka")]
+        BrokerUrl::Kafka(_) => Arc::new(babelqueue::kafka::KafkaTransport::new(url)?),
         other => {
             return Err(format!(
-                "BROKER_URL {other}: this example speaks redis://, amqp:// and sqs:// (Kafka is not built yet)"
+                "BROKER_URL {other}: this example speaks redis://, amqp://, sqs:// and (built with --features kafka) kafka://"
             )
             .into());
         }
@@ -498,6 +503,7 @@ Environment:
   BROKER_URL   the broker, by its scheme: redis://… (default redis://localhost:6379/0)
                or amqp://user:pass@host:port/vhost (RabbitMQ)
                or sqs://<region>?endpoint=<url> (Amazon SQS, AWS credential chain)
+               or kafka://host:port[,host:port] (Kafka; built with --features kafka)
   STORE_URL    the dedupe store's own URL (redis: default BROKER_URL when it is Redis,
                else redis://localhost:6379/0; postgres: default POSTGRES_URL)
   QUEUE        queue name (default payments)

@@ -82,6 +82,11 @@ pub use babelqueue_sqlite as sqlite;
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use babelqueue_amqp as amqp;
 
+/// The Apache Kafka transport: [`KafkaTransport`](babelqueue_kafka::KafkaTransport)
+/// (feature `kafka`; not in `full`: it builds librdkafka's C sources).
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use babelqueue_kafka as kafka;
 /// The Amazon SQS transport: [`SqsTransport`](babelqueue_sqs::SqsTransport) (feature `sqs`).
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]

@@ -37,8 +37,20 @@
 //! in `SendMessageBatch` calls (not timed), drains it with the `App` over `SqsTransport`,
 //! checks effects, skips and that nothing is left, and deletes the queue. Against an
 //! emulator (moto) the figures say nothing about the real service.
+//!
+//! `--broker kafka` (built with `--features kafka`) loads each run onto a fresh
+//! one-partition topic `bench.payments.<uuid>` (the binding's headers, every produce
+//! acknowledged; not timed), drains it with the `App` over `KafkaTransport` in a fresh
+//! consumer group (the group join is inside the timed drain; its time is printed apart),
+//! checks effects, skips and that the group committed every record, and deletes the topic.
+//!
+//! ```text
+//! cargo run --release -p babelqueue-bench --features kafka -- --broker kafka --kafka-url kafka://127.0.0.1:9092 --store memory --n 2000 --concurrency 8
+//! ```
 
 mod amqp;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod sqs;
 
 use std::sync::Arc;
@@ -71,6 +83,9 @@ enum Broker {
     Amqp,
     /// Amazon SQS (`--sqs-url`); `--url` is then the Redis store's server.
     Sqs,
+    /// Kafka (`--kafka-url`; built with `--features kafka`); `--url` is then the Redis
+    /// store's server.
+    Kafka,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -107,6 +122,9 @@ struct Args {
     /// SQS, in the family's URL form (`--broker sqs`; credentials from the AWS chain).
     #[arg(long, default_value = "sqs://us-east-1?endpoint=http://127.0.0.1:4566")]
     sqs_url: String,
+    /// Kafka's URL (`--broker kafka`).
+    #[arg(long, default_value = "kafka://127.0.0.1:9092")]
+    kafka_url: String,
     /// `--broker amqp --preload-only`: the queue to load (default: a fresh
     /// `bench.payments.<uuid>`, printed). Timed runs always use a fresh queue each.
     #[arg(long)]
@@ -372,6 +390,22 @@ where
         (Broker::Redis, None) => Err("the Redis broker needs its connection".into()),
         (Broker::Amqp, raw) => one_run_amqp(args, bodies, store, raw).await,
         (Broker::Sqs, raw) => one_run_sqs(args, bodies, store, raw).await,
+        #[cfg(feature = "kafka")]
+        (Broker::Kafka, _) => {
+            kafka::one_run(
+                &args.kafka_url,
+                bodies,
+                store,
+                args.mode,
+                args.concurrency,
+                args.n as u64,
+            )
+            .await
+        }
+        #[cfg(not(feature = "kafka"))]
+        (Broker::Kafka, _) => {
+            Err("--broker kafka: build babelqueue-bench with --features kafka".into())
+        }
     }
 }
 
@@ -587,11 +621,14 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     if args.runs == 0 || args.n == 0 || args.concurrency == 0 {
         return Err("--n, --runs and --concurrency must be at least 1".into());
     }
-    if args.broker == Broker::Redis && (args.bare || args.queue.is_some()) {
+    if args.broker != Broker::Amqp && (args.bare || args.queue.is_some()) {
         return Err("--bare and --queue are for --broker amqp".into());
     }
     if args.broker == Broker::Sqs && (args.bare || args.preload_only || args.queue.is_some()) {
         return Err("--bare, --preload-only and --queue are for --broker amqp".into());
+    }
+    if args.broker == Broker::Kafka && args.preload_only {
+        return Err("--preload-only is for --broker redis and amqp".into());
     }
     if args.broker == Broker::Amqp && args.concurrency > usize::from(u16::MAX) {
         return Err("--concurrency is the AMQP prefetch: at most 65535".into());
