@@ -251,21 +251,18 @@ async fn poison_bodies_are_dead_lettered_with_their_bytes_and_the_loop_goes_on()
         assert_eq!(block["reason"], "poison");
         assert_eq!(block["lang"], "rust");
         assert!(block["error"].as_str().is_some_and(|e| !e.is_empty()));
-        match recover_poison(dead) {
-            // Non-objects travel in a wrapper envelope and come back byte for byte.
-            Some(bytes) => {
-                assert_eq!(&bytes, original);
-                assert_eq!(Envelope::decode(dead).unwrap().job, POISON_URN);
-                assert_eq!(block["original_queue"], "q");
-            }
+        // Every poison body comes back byte for byte.
+        assert_eq!(recover_poison(dead).as_ref(), Some(original));
+        if Envelope::decode(dead).is_ok_and(|e| e.job == POISON_URN) {
+            // Non-objects travel in a wrapper envelope.
+            assert_eq!(block["original_queue"], "q");
+        } else {
             // The object is dead-lettered as is, plus the block.
-            None => {
-                let mut obj = json_of(dead);
-                obj.as_object_mut().unwrap().remove("dead_letter");
-                assert_eq!(obj, unknown_version);
-                assert_eq!(block["original_queue"], "elsewhere");
-                assert_eq!(block["attempts"], 1);
-            }
+            let mut obj = json_of(dead);
+            obj.as_object_mut().unwrap().remove("dead_letter");
+            assert_eq!(obj, unknown_version);
+            assert_eq!(block["original_queue"], "elsewhere");
+            assert_eq!(block["attempts"], 1);
         }
     }
     let garbage_dead = &dlq[3];

@@ -664,6 +664,9 @@ async fn rediss_urls_connect_over_tls() -> Result<(), RedisStoreError> {
     let server = TlsRedis::start();
     let url = format!("rediss://127.0.0.1:{}/0", server.port);
     let ca = std::fs::read(server.dir.join("ca.crt")).expect("ca.crt");
+    // A TLS client built by hand: the provider first (the build also enables rustls'
+    // aws-lc-rs feature, through the AWS SDK, so rustls cannot pick one by itself).
+    babelqueue::redis::install_crypto_provider();
 
     // Trusting the test CA: a working store over TLS.
     let client = redis::Client::build_with_tls(

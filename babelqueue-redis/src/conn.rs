@@ -55,6 +55,7 @@ impl RedisConnection {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
+        install_crypto_provider();
         let client = redis::cluster::ClusterClient::new(nodes)?;
         Ok(RedisConnection::Cluster(
             client.get_async_connection().await?,
@@ -197,6 +198,7 @@ impl Connector {
 
 /// A [`Client`] for `url` with `TCP_NODELAY` set (or not) on its TCP connections.
 pub(crate) fn client_for(url: &str, nodelay: bool) -> RedisResult<Client> {
+    install_crypto_provider();
     let info = redis::IntoConnectionInfo::into_connection_info(url)?;
     Client::open(with_nodelay(info, nodelay))
 }
@@ -212,4 +214,23 @@ pub(crate) fn with_nodelay(info: redis::ConnectionInfo, nodelay: bool) -> redis:
 /// database (a store there then has its `remember` sent with the transport's ack).
 pub(crate) fn server_identity(info: &redis::ConnectionInfo) -> String {
     format!("{}/{}", info.addr(), info.redis_settings().db())
+}
+
+/// Makes rustls' process-wide crypto provider `ring` (the one this crate's `rustls` feature
+/// brings), unless one is installed already. rustls picks a provider by itself only when
+/// exactly one provider feature is enabled in the whole build; a dependency that enables
+/// `aws-lc-rs` as well (the AWS SDK does, e.g. with babelqueue's `sqs` feature) makes it
+/// panic at the first TLS connection instead. Every connect of this crate calls it; call it
+/// yourself before building a TLS [`redis::Client`] by hand (`Client::build_with_tls`).
+/// Without the `rustls` feature it does nothing.
+///
+/// ```
+/// babelqueue_redis::install_crypto_provider();
+/// ```
+pub fn install_crypto_provider() {
+    #[cfg(feature = "rustls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: one provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }

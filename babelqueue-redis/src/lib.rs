@@ -30,7 +30,7 @@ mod scripts;
 mod store;
 mod transport;
 
-pub use conn::RedisConnection;
+pub use conn::{RedisConnection, install_crypto_provider};
 pub use keys::{
     consumer_processing_list, consumers_registry, delayed_set, hash_slot, heartbeat_key,
     processing_list, recoveries_hash,

@@ -387,6 +387,7 @@ impl RedisStore {
     /// A store over an existing [`Client`] (custom TLS certificates, RESP3, …), with
     /// the default prefix and timeouts.
     pub async fn from_client(client: Client) -> Result<Self, RedisStoreError> {
+        crate::conn::install_crypto_provider();
         let server = crate::conn::server_identity(client.get_connection_info());
         let config = manager_config(DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, DEFAULT_RETRIES);
         let mut store = Self::from_manager(
