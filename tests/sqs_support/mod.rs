@@ -61,6 +61,10 @@ pub fn moto() -> &'static Moto {
         let start = Instant::now();
         // The watchdog: starts moto, prints its pid, and kills it (by pid) once this test
         // process is gone.
+        #[allow(
+            clippy::zombie_processes,
+            reason = "the watchdog outlives this test process by design: it stops moto once the process is gone"
+        )]
         let mut sh = Command::new("sh")
             .arg("-c")
             .arg(
