@@ -21,8 +21,8 @@
 //! ```
 //!
 //! Environment: `BROKER_URL` (default `redis://localhost:6379/0`; `amqp://…` selects
-//! RabbitMQ, `sqs://<region>?endpoint=<url>` Amazon SQS, `kafka://host:port` Kafka when
-//! built with `--features kafka`: the scheme
+//! RabbitMQ, `sqs://<region>?endpoint=<url>` Amazon SQS and `kafka://host:port` Kafka when
+//! built with `--features sqs` / `--features kafka`: the scheme
 //! decides, as in the other SDKs), `STORE_URL` (the dedupe
 //! store's own URL for `--store redis|postgres`; default `BROKER_URL` for redis when the
 //! broker is Redis, else `redis://localhost:6379/0`,
@@ -49,6 +49,7 @@ use babelqueue::runtime::{
     App, Disposition, InMemoryTransport, Permanent, Report, Stats, Transport,
 };
 use babelqueue::sqlite::SqliteStore;
+#[cfg(feature = "sqs")]
 use babelqueue::sqs::SqsTransport;
 use babelqueue::{
     AsyncLeaseStore, BoxError, Envelope, EnvelopeError, Guard, InMemoryStore, dyn_store::DynStore,
@@ -333,13 +334,15 @@ async fn open_broker(url: &str) -> Result<Arc<dyn Transport>, Box<dyn std::error
     Ok(match BrokerUrl::parse(url)? {
         BrokerUrl::Redis { .. } => Arc::new(RedisTransport::connect(url).await?),
         BrokerUrl::Amqp(_) => Arc::new(AmqpTransport::open(url).await?),
+        // SQS: build with `--features sqs`.
+        #[cfg(feature = "sqs")]
         BrokerUrl::Sqs(_) => Arc::new(SqsTransport::connect(url).await?),
         // Kafka (default group `babelqueue`, or `?group=`): build with `--features kafka`.
         #[cfg(feature = "kafka")]
         BrokerUrl::Kafka(_) => Arc::new(babelqueue::kafka::KafkaTransport::new(url)?),
         other => {
             return Err(format!(
-                "BROKER_URL {other}: this example speaks redis://, amqp://, sqs:// and (built with --features kafka) kafka://"
+                "BROKER_URL {other}: this example speaks redis://, amqp://, and (built with --features sqs / kafka) sqs:// and kafka://"
             )
             .into());
         }
@@ -502,7 +505,7 @@ consume options:
 Environment:
   BROKER_URL   the broker, by its scheme: redis://… (default redis://localhost:6379/0)
                or amqp://user:pass@host:port/vhost (RabbitMQ)
-               or sqs://<region>?endpoint=<url> (Amazon SQS, AWS credential chain)
+               or sqs://<region>?endpoint=<url> (Amazon SQS; built with --features sqs)
                or kafka://host:port[,host:port] (Kafka; built with --features kafka)
   STORE_URL    the dedupe store's own URL (redis: default BROKER_URL when it is Redis,
                else redis://localhost:6379/0; postgres: default POSTGRES_URL)
