@@ -350,3 +350,126 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
     let h = handled.lock().unwrap();
     assert_eq!(h.iter().filter(|(id, _)| id.starts_with("pay_")).count(), 5);
 }
+
+/// The `babelqueue` CLI built with `--features kafka`: `BABELQUEUE_CLI` (`.ci/run` builds it).
+fn cli_binary() -> PathBuf {
+    PathBuf::from(std::env::var_os("BABELQUEUE_CLI").expect(
+        "BABELQUEUE_CLI: the babelqueue CLI built with the kafka feature \
+         (cargo build -p babelqueue-cli --features sqs,kafka; .ci/run sets it)",
+    ))
+}
+
+/// Runs the CLI against `url`: (exit code, stdout, stderr).
+async fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(cli_binary())
+        .args(args)
+        .env("BROKER_URL", url)
+        .output()
+        .await
+        .expect("the babelqueue CLI runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cli_dead_letter(id: &str, queue: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "job": CHARGE,
+        "trace_id": format!("trace-{id}"),
+        "data": {"payment_id": id, "amount": 4200},
+        "meta": {"id": id, "queue": queue, "lang": "python", "schema_version": 1,
+                 "created_at": 1_764_640_000_000u64},
+        "attempts": 3,
+        "dead_letter": {"reason": "failed", "error": "declined", "failed_at": 1_764_640_001_000u64,
+                        "original_queue": queue, "attempts": 3, "lang": "python"},
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the tansu broker and the CLI built with --features kafka (BABELQUEUE_CLI); CI runs it"]
+async fn the_cli_reads_and_moves_kafka_dead_letters() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    let url = broker.url();
+    let t = KafkaTransport::new(&url).unwrap();
+    let q = unique_topic("cli");
+    let dlq = format!("{q}.dlq");
+    t.ensure_topic(&q).await.unwrap();
+    for id in ["cli-a", "cli-b", "cli-c"] {
+        t.publish_raw(&dlq, cli_dead_letter(id, &q)).await.unwrap();
+    }
+    let garbage = b"not an envelope: {\"n\": 1.0E2".to_vec();
+    let err = Envelope::decode(&garbage).unwrap_err();
+    t.publish_raw(&dlq, babelqueue::runtime::poison_body(&garbage, &err, &q))
+        .await
+        .unwrap();
+
+    let (code, out, err) = cli(&url, &["queue", "stats", &q, "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let stats: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["dead_letter_queue"], dlq.as_str());
+    assert_eq!(stats["dead_letters"], 4, "{stats}");
+    assert_eq!(stats["ready"], 0, "{stats}");
+
+    // list reads without committing: the group's offsets on the DLQ stay where they were.
+    let (code, out, err) = cli(&url, &["dlq", "list", &q, "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let listed: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 4, "{out}");
+    let ids: Vec<&str> = listed[..3]
+        .iter()
+        .filter_map(|v| v["meta_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["cli-a", "cli-b", "cli-c"], "{out}");
+    assert_eq!(listed[3]["poison_wrapper"], true, "{out}");
+    assert!(
+        t.committed(&dlq).await.unwrap().is_empty(),
+        "list commits nothing"
+    );
+
+    let (code, out, err) = cli(&url, &["dlq", "requeue", &q, "--id", "cli-b"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = cli(&url, &["dlq", "recover-poison", &q]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("recovered 1 poison"), "{out}");
+    let (code, out, err) = cli(&url, &["dlq", "redrive", &q, "--bypass", "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let result: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(result["redriven"], 2, "{result}");
+
+    let records = read_all(&broker.bootstrap(), &q, 4, Duration::from_secs(20));
+    assert_eq!(records.len(), 4, "{records:?}");
+    let mut seen: Vec<(String, Option<String>)> = records
+        .iter()
+        .map(|r| {
+            let id = Envelope::decode(&r.value).map_or_else(
+                |_| String::from_utf8(r.value.clone()).unwrap(),
+                |e| e.meta.id,
+            );
+            (id, r.header("bq-replay-bypass"))
+        })
+        .collect();
+    seen.sort();
+    let mut expected = vec![
+        ("cli-a".to_owned(), Some("1".to_owned())),
+        ("cli-b".to_owned(), None),
+        ("cli-c".to_owned(), Some("1".to_owned())),
+        (String::from_utf8(garbage).unwrap(), None),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
+    let (code, out, err) = cli(&url, &["queue", "stats", &q, "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let stats: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        stats["dead_letters"], 0,
+        "every dead letter committed: {stats}"
+    );
+}

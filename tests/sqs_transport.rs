@@ -591,3 +591,169 @@ async fn connect_reads_the_family_url() {
     );
     assert!(SqsTransport::connect("amqp://localhost").await.is_err());
 }
+
+/// The `babelqueue` CLI built with `--features sqs`: `BABELQUEUE_CLI` (`.ci/run` builds it).
+fn cli_binary() -> PathBuf {
+    PathBuf::from(std::env::var_os("BABELQUEUE_CLI").expect(
+        "BABELQUEUE_CLI: the babelqueue CLI built with the sqs feature \
+         (cargo build -p babelqueue-cli --features sqs,kafka; .ci/run sets it)",
+    ))
+}
+
+/// Runs the CLI against this moto: (exit code, stdout, stderr).
+async fn cli(args: &[&str]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(cli_binary());
+    cmd.args(args).env("BROKER_URL", sqs_support::url());
+    for (k, v) in sqs_support::child_env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("the babelqueue CLI runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cli_dead_letter(id: &str, queue: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "job": CHARGE,
+        "trace_id": format!("trace-{id}"),
+        "data": {"payment_id": id, "amount": 4200},
+        "meta": {"id": id, "queue": queue, "lang": "python", "schema_version": 1,
+                 "created_at": 1_764_640_000_000u64},
+        "attempts": 3,
+        "dead_letter": {"reason": "failed", "error": "declined", "failed_at": 1_764_640_001_000u64,
+                        "original_queue": queue, "attempts": 3, "lang": "python"},
+    }))
+    .unwrap()
+}
+
+/// The ids (or raw bodies) of every message of `queue`, received and deleted.
+async fn take_all(queue: &str) -> Vec<String> {
+    let url = queue_url(queue).await.expect("the queue exists");
+    let mut out = Vec::new();
+    loop {
+        let got = raw_receive(queue, 10, 30).await;
+        if got.is_empty() {
+            break;
+        }
+        for m in got {
+            let body = m.body().unwrap_or_default();
+            out.push(
+                Envelope::decode(body.as_bytes()).map_or_else(|_| body.to_owned(), |e| e.meta.id),
+            );
+            client()
+                .delete_message()
+                .queue_url(&url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs moto_server (BABELQUEUE_MOTO) and the CLI built with --features sqs (BABELQUEUE_CLI); CI runs it"]
+async fn the_cli_reads_and_moves_sqs_dead_letters() {
+    let q = unique_queue("cli");
+    let dlq = format!("{q}-dlq");
+    let t = transport();
+    t.queue_url(&q).await.unwrap();
+    for id in ["cli-a", "cli-b", "cli-c"] {
+        t.publish_raw(&dlq, cli_dead_letter(id, &q)).await.unwrap();
+    }
+    let garbage = b"not an envelope: {\"n\": 1.0E2".to_vec();
+    let err = Envelope::decode(&garbage).unwrap_err();
+    let poison = babelqueue::runtime::poison_body(&garbage, &err, &q);
+    t.publish_raw(&dlq, poison).await.unwrap();
+
+    // stats: the DLQ's four, the queue empty (SQS's approximate counts, exact on moto).
+    let (code, out, err) = cli(&["queue", "stats", &q, "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let stats: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["dead_letter_queue"], dlq.as_str());
+    assert_eq!(stats["dead_letters"], 4, "{stats}");
+    assert_eq!(stats["ready"], 0, "{stats}");
+
+    // list: every one, and nothing taken (all visible again).
+    let (code, out, err) = cli(&["dlq", "list", &q, "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let mut listed: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| v["meta_id"].as_str().map(str::to_owned))
+        .collect();
+    listed.sort();
+    assert_eq!(listed.len(), 4, "{out}");
+    assert!(
+        listed.starts_with(&["cli-a".into(), "cli-b".into(), "cli-c".into()]),
+        "{out}"
+    );
+    assert_eq!(
+        counts(&dlq).await,
+        (4, 0, 0),
+        "list leaves every dead letter visible"
+    );
+
+    // requeue one by id, then recover the poison body, then redrive the rest.
+    let (code, out, err) = cli(&["dlq", "requeue", &q, "--id", "cli-b"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = cli(&["dlq", "requeue", &q, "--all", "--keep-attempts"]).await;
+    assert_eq!(code, 2, "--keep-attempts is refused on SQS: {out}{err}");
+    assert!(err.contains("keep-attempts"), "{err}");
+    let (code, out, err) = cli(&["dlq", "recover-poison", &q]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("recovered 1 poison"), "{out}");
+    let mut expected = vec![
+        "cli-b".to_owned(),
+        String::from_utf8(garbage.clone()).unwrap(),
+    ];
+    expected.sort();
+    assert_eq!(
+        take_all(&q).await,
+        expected,
+        "cli-b and the poison's exact bytes"
+    );
+
+    let (code, out, err) = cli(&["dlq", "redrive", &q, "--dry-run"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(counts(&dlq).await.0, 2, "a dry run moves nothing: {out}");
+    let (code, out, err) = cli(&["dlq", "redrive", &q, "--bypass", "--json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let result: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(result["redriven"], 2, "{result}");
+    let url = queue_url(&q).await.unwrap();
+    let got = raw_receive(&q, 10, 30).await;
+    assert_eq!(got.len(), 2);
+    for m in &got {
+        let bypass = m
+            .message_attributes()
+            .and_then(|a| a.get("bq-replay-bypass"))
+            .and_then(|v| v.string_value());
+        assert_eq!(
+            bypass,
+            Some("1"),
+            "the redriven message carries the bypass header"
+        );
+        let env = Envelope::decode(m.body().unwrap().as_bytes()).unwrap();
+        assert_eq!(env.attempts, 0);
+        client()
+            .delete_message()
+            .queue_url(&url)
+            .receipt_handle(m.receipt_handle().unwrap())
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(counts(&dlq).await, (0, 0, 0));
+
+    // A command with no meaning on SQS says so.
+    let (code, _, err) = cli(&["processing", "recover-legacy", &q, "--yes"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("SQS"), "{err}");
+    delete_all(&q).await;
+}

@@ -13,8 +13,11 @@
 //! BROKER_URL=amqp://guest:guest@127.0.0.1:5672/%2f babelqueue dlq requeue payments --all
 //! ```
 //!
-//! The broker URL's scheme decides the broker: `redis://`/`rediss://` (the default) or
-//! `amqp://`/`amqps://` (RabbitMQ: `queue stats`, `dlq list|requeue|recover-poison`).
+//! The broker URL's scheme decides the broker: `redis://`/`rediss://` (the default),
+//! `amqp://`/`amqps://` (RabbitMQ), `sqs://<region>?endpoint=<url>` (Amazon SQS, built with
+//! the feature `sqs`) or `kafka://host:port[,host:port][?group=…]` (Kafka, feature
+//! `kafka`): `queue stats` and every `dlq` command speak all four; `processing` is
+//! Redis only.
 //!
 //! Exit codes: 0 success, 1 error (connection, command, bad data), 2 usage error,
 //! 3 `doctor` found problems in the store's layout.
@@ -23,10 +26,16 @@ mod amqp_cmds;
 mod dead_letters;
 mod doctor;
 mod envelope;
+#[cfg(feature = "kafka")]
+mod kafka_cmds;
 mod outbox;
 mod redis_cmds;
 mod redrive_cmd;
 mod report;
+#[cfg(feature = "sqs")]
+mod sqs_cmds;
+#[cfg(any(feature = "sqs", feature = "kafka"))]
+mod transport_cmds;
 
 use std::process::ExitCode;
 
@@ -44,8 +53,11 @@ const EXIT_PROBLEMS: u8 = 3;
     long_about = "Look at BabelQueue queues, dead letters and idempotency stores.\n\n\
         Queues live on Redis (the reliable-queue list layout every BabelQueue SDK shares) or \
         on RabbitMQ (`<queue>`, `<queue>.dlq`, `<queue>.delay.<ms>`, as every SDK declares them): \
-        the scheme of --broker/BROKER_URL decides (`redis://` is the default, `amqp://` or \
-        `amqps://` is RabbitMQ). Stores live on Redis, PostgreSQL or SQLite.\n\n\
+        on Amazon SQS (`<queue>`, `<queue>-dlq`) or Kafka (`<queue>`, `<queue>.retry.<n>`, \
+        `<queue>.dlq`): the scheme of --broker/BROKER_URL decides (`redis://` is the default, \
+        `amqp://` or `amqps://` is RabbitMQ, `sqs://<region>?endpoint=<url>` is SQS, \
+        `kafka://host:port` is Kafka; SQS and Kafka need the CLI built with the features `sqs` \
+        and `kafka`). Stores live on Redis, PostgreSQL or SQLite.\n\n\
         Exit codes: 0 success, 1 error, 2 usage error, 3 `doctor` found problems."
 )]
 struct Cli {
@@ -107,8 +119,10 @@ enum OutboxCommand {
 
 #[derive(Debug, Args)]
 struct Broker {
-    /// The broker: Redis (`redis://`, `rediss://` for TLS) or RabbitMQ (`amqp://user:pass@host:port/vhost`,
-    /// the vhost URL-encoded, `%2f` is `/`; `amqps://` for TLS). The scheme decides.
+    /// The broker: Redis (`redis://`, `rediss://` for TLS), RabbitMQ (`amqp://user:pass@host:port/vhost`,
+    /// the vhost URL-encoded, `%2f` is `/`; `amqps://` for TLS), Amazon SQS
+    /// (`sqs://<region>?endpoint=<url>`, feature `sqs`) or Kafka (`kafka://host:port[,…]`,
+    /// feature `kafka`). The scheme decides.
     #[arg(
         long,
         visible_alias = "broker",
@@ -134,6 +148,10 @@ enum QueueCommand {
     /// messages of each delay queue `<queue>.delay.<ms>` of every bucket the transport
     /// can use. AMQP 0-9-1 does not report unacknowledged (in-flight) messages nor list
     /// queues (the management API does): in flight is "unknown".
+    ///
+    /// SQS: the queue's approximate counts (visible, delayed, not visible) and those of
+    /// `<queue>-dlq`. Kafka: the records the consumer group has not committed on the
+    /// topic `<queue>` and on `<queue>.dlq`.
     Stats {
         /// The queue name.
         queue: String,
@@ -154,7 +172,9 @@ enum DlqCommand {
     ///
     /// Never takes them. On RabbitMQ they are fetched with `basic.get` without
     /// acknowledgement on one channel, which is then closed: the broker puts them back
-    /// unchanged, but marked redelivered.
+    /// unchanged, but marked redelivered. On SQS they are received (hidden for 30 s, a
+    /// receive counted) and made visible again at once. On Kafka the records the group
+    /// has not committed are read without joining the group or committing.
     List {
         /// The queue whose dead letters to list.
         queue: String,
@@ -179,6 +199,9 @@ enum DlqCommand {
     /// binding's properties, and only then acknowledged on the dead-letter queue. The
     /// others (and poison wrappers, and bodies that are not JSON) stay there, marked
     /// redelivered.
+    ///
+    /// SQS and Kafka: a redrive of the selected dead letters (see `redrive`);
+    /// `--keep-attempts` is refused there.
     Requeue {
         /// The queue to requeue into; its dead letters are read from `<queue>.dlq`. On
         /// RabbitMQ a dead letter's `dead_letter.original_queue` wins when it has one.
@@ -212,7 +235,7 @@ enum DlqCommand {
     /// run, a poison record, an undecodable body, a non-numeric `attempts`, no target:
     /// restored to the DLQ unchanged. With `--bypass` the re-published messages carry the
     /// transport header `bq-replay-bypass: 1`: handlers see a replay (`is_replay()`) and
-    /// skip their external effects. Redis and RabbitMQ. (`requeue` stays as the older,
+    /// skip their external effects. Redis, RabbitMQ, SQS and Kafka. (`requeue` stays as the older,
     /// narrower command: by meta.id, no dry run, no bypass.)
     Redrive {
         /// The queue whose dead letters to redrive (`<queue>.dlq`).
@@ -248,7 +271,8 @@ enum DlqCommand {
     /// envelope, dead-lettered as `urn:babel:poison`) back on a queue.
     ///
     /// RabbitMQ: published with publisher confirms, then acknowledged on the dead-letter
-    /// queue; every other dead letter stays (marked redelivered).
+    /// queue; every other dead letter stays (marked redelivered). SQS and Kafka: the DLQ
+    /// is drained like a redrive; every other dead letter is put back (re-published).
     RecoverPoison {
         /// The queue whose dead letters to read (`<queue>.dlq`).
         queue: String,
@@ -365,6 +389,62 @@ enum Target {
     Redis(String),
     /// `amqp://`, `amqps://`.
     Amqp(AmqpUrl),
+    /// `sqs://…` (as given; the transport parses it).
+    Sqs(String),
+    /// `kafka://…` (as given; the transport parses it).
+    Kafka(String),
+}
+
+/// The error for a broker this build of the CLI does not include.
+#[cfg(not(all(feature = "sqs", feature = "kafka")))]
+fn not_built(feature: &str) -> CliError {
+    CliError::Unsupported(format!(
+        "this babelqueue was built without {feature}:// support: \
+         `cargo install babelqueue-cli --features {feature}`"
+    ))
+}
+
+/// Runs `$body` with `$t` the SQS transport of `$url`, or says the build has no SQS.
+macro_rules! on_sqs {
+    ($url:expr, |$t:ident| $body:expr) => {{
+        #[cfg(feature = "sqs")]
+        {
+            let $t = sqs_cmds::connect(&$url).await?;
+            $body
+        }
+        #[cfg(not(feature = "sqs"))]
+        {
+            let _ = &$url;
+            return Err(not_built("sqs"));
+        }
+    }};
+}
+
+/// Runs `$body` with `$t` the Kafka transport of `$url`, or says the build has no Kafka.
+macro_rules! on_kafka {
+    ($url:expr, |$t:ident| $body:expr) => {{
+        #[cfg(feature = "kafka")]
+        {
+            let $t = kafka_cmds::connect(&$url)?;
+            $body
+        }
+        #[cfg(not(feature = "kafka"))]
+        {
+            let _ = &$url;
+            return Err(not_built("kafka"));
+        }
+    }};
+}
+
+/// The dead-letter queue of `queue` on the broker of `t` (SQS: `<queue>-dlq`).
+#[cfg(any(feature = "sqs", feature = "kafka"))]
+fn dlq_of<T: babelqueue_core::runtime::Transport>(
+    t: &T,
+    queue: &str,
+    dlq: Option<String>,
+) -> String {
+    dlq.or_else(|| t.dead_letter_queue(queue, ".dlq"))
+        .unwrap_or_else(|| format!("{queue}.dlq"))
 }
 
 fn target(url: &str) -> Result<Target, CliError> {
@@ -374,21 +454,25 @@ fn target(url: &str) -> Result<Target, CliError> {
         .unwrap_or_default();
     match BrokerUrl::parse(url) {
         Ok(BrokerUrl::Amqp(u)) => Ok(Target::Amqp(u)),
+        Ok(BrokerUrl::Sqs(_)) => Ok(Target::Sqs(url.to_owned())),
+        Ok(BrokerUrl::Kafka(_)) => Ok(Target::Kafka(url.to_owned())),
         Err(e) if scheme == "amqp" || scheme == "amqps" => {
             Err(CliError::Message(format!("invalid AMQP URL: {e}")))
         }
+        Err(e) if scheme == "sqs" || scheme == "kafka" => {
+            Err(CliError::Message(format!("invalid broker URL: {e}")))
+        }
         Ok(BrokerUrl::Redis { .. }) | Err(_) => Ok(Target::Redis(url.to_owned())),
-        Ok(_) => Err(CliError::Unsupported(format!(
-            "the babelqueue CLI does not speak {scheme}:// brokers (it speaks redis:// and amqp://)"
+        Ok(other) => Err(CliError::Unsupported(format!(
+            "the babelqueue CLI does not speak {}:// brokers",
+            other.broker()
         ))),
     }
 }
 
-/// The error of a Redis-only command given an `amqp://` URL.
-fn redis_only(command: &str, scheme: &str, why: &str) -> CliError {
-    CliError::Unsupported(format!(
-        "`{command}` has no meaning on RabbitMQ ({scheme}://): {why}"
-    ))
+/// The error of a Redis-only command given another broker's URL.
+fn redis_only(command: &str, broker: &str, why: &str) -> CliError {
+    CliError::Unsupported(format!("`{command}` has no meaning on {broker}: {why}"))
 }
 
 async fn run(cli: Cli) -> Result<u8, CliError> {
@@ -399,20 +483,33 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             dlq,
             json,
         }) => {
-            let dlq = dlq_name(&queue, dlq);
             let (json_out, text) = match target(&broker.url)? {
                 Target::Redis(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let mut conn = redis_cmds::connect(&url).await?;
                     let stats = redis_cmds::stats(&mut conn, &queue, &dlq).await?;
                     (stats.to_json(), stats.to_text())
                 }
                 Target::Amqp(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let b = amqp_cmds::Broker::connect(&url).await?;
                     let stats = amqp_cmds::stats(&b, &queue, &dlq).await;
                     b.close().await;
                     let stats = stats?;
                     (stats.to_json(), stats.to_text())
                 }
+                Target::Sqs(url) => on_sqs!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::stats(&t, "sqs", &queue, &dlq, sqs_cmds::STATS_NOTE, json)
+                        .await?;
+                    return Ok(0);
+                }),
+                Target::Kafka(url) => on_kafka!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::stats(&t, "kafka", &queue, &dlq, kafka_cmds::STATS_NOTE, json)
+                        .await?;
+                    return Ok(0);
+                }),
             };
             if json {
                 println!("{json_out}");
@@ -428,18 +525,27 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             limit,
             json,
         }) => {
-            let dlq = dlq_name(&queue, dlq);
             match target(&broker.url)? {
                 Target::Redis(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let mut conn = redis_cmds::connect(&url).await?;
                     redis_cmds::dlq_list(&mut conn, &dlq, limit, json).await?;
                 }
                 Target::Amqp(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let b = amqp_cmds::Broker::connect(&url).await?;
                     let done = amqp_cmds::dlq_list(&b, &dlq, limit, json).await;
                     b.close().await;
                     done?;
                 }
+                Target::Sqs(url) => on_sqs!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    sqs_cmds::dlq_list(&t, &dlq, limit, json).await?;
+                }),
+                Target::Kafka(url) => on_kafka!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    kafka_cmds::dlq_list(&t, &dlq, limit, json).await?;
+                }),
             }
             Ok(0)
         }
@@ -460,14 +566,23 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                     ));
                 }
             };
-            let dlq = dlq_name(&queue, dlq);
             match target(&broker.url)? {
                 Target::Redis(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let mut conn = redis_cmds::connect(&url).await?;
                     redis_cmds::dlq_requeue(&mut conn, &queue, &dlq, &selector, keep_attempts)
                         .await?;
                 }
+                Target::Sqs(url) => on_sqs!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::requeue(&t, &dlq, selector, keep_attempts).await?;
+                }),
+                Target::Kafka(url) => on_kafka!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::requeue(&t, &dlq, selector, keep_attempts).await?;
+                }),
                 Target::Amqp(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let b = amqp_cmds::Broker::connect(&url).await?;
                     let done =
                         amqp_cmds::dlq_requeue(&b, &queue, &dlq, &selector, keep_attempts).await;
@@ -490,7 +605,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             json,
         }) => {
             let req = redrive_cmd::Request {
-                dlq: dlq_name(&queue, dlq),
+                dlq: dlq_name(&queue, dlq.clone()),
                 to,
                 max,
                 dry_run,
@@ -518,6 +633,20 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                         .map_err(open_err("cannot connect to RabbitMQ"))?;
                     redrive_cmd::run(&t, &req).await?;
                 }
+                Target::Sqs(url) => on_sqs!(url, |t| {
+                    let req = redrive_cmd::Request {
+                        dlq: dlq_of(&t, &queue, dlq),
+                        ..req
+                    };
+                    redrive_cmd::run(&t, &req).await?;
+                }),
+                Target::Kafka(url) => on_kafka!(url, |t| {
+                    let req = redrive_cmd::Request {
+                        dlq: dlq_of(&t, &queue, dlq),
+                        ..req
+                    };
+                    redrive_cmd::run(&t, &req).await?;
+                }),
             }
             Ok(0)
         }
@@ -527,14 +656,23 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             dlq,
             to,
         }) => {
-            let dlq = dlq_name(&queue, dlq);
             let to = to.unwrap_or_else(|| queue.clone());
             match target(&broker.url)? {
+                Target::Sqs(url) => on_sqs!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::recover_poison_all(&t, &dlq, &to).await?;
+                }),
+                Target::Kafka(url) => on_kafka!(url, |t| {
+                    let dlq = dlq_of(&t, &queue, dlq);
+                    transport_cmds::recover_poison_all(&t, &dlq, &to).await?;
+                }),
                 Target::Redis(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let mut conn = redis_cmds::connect(&url).await?;
                     redis_cmds::recover_poison(&mut conn, &dlq, &to).await?;
                 }
                 Target::Amqp(url) => {
+                    let dlq = dlq_name(&queue, dlq);
                     let b = amqp_cmds::Broker::connect(&url).await?;
                     let done = amqp_cmds::recover_poison(&b, &dlq, &to).await;
                     b.close().await;
@@ -566,9 +704,25 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                 Target::Amqp(u) => {
                     return Err(redis_only(
                         "processing recover-legacy",
-                        if u.tls { "amqps" } else { "amqp" },
+                        &format!("RabbitMQ ({}://)", if u.tls { "amqps" } else { "amqp" }),
                         "there are no processing lists; the broker itself puts the unacknowledged \
                          messages of a closed channel back on their queue",
+                    ));
+                }
+                Target::Sqs(_) => {
+                    return Err(redis_only(
+                        "processing recover-legacy",
+                        "SQS (sqs://)",
+                        "there are no processing lists; a received message becomes visible again \
+                         when its visibility timeout runs out",
+                    ));
+                }
+                Target::Kafka(_) => {
+                    return Err(redis_only(
+                        "processing recover-legacy",
+                        "Kafka (kafka://)",
+                        "there are no processing lists; what the group has not committed is read \
+                         again after a rebalance",
                     ));
                 }
             };

@@ -39,7 +39,16 @@ impl Request {
 
 /// Runs the redrive and prints it; an error after a partial run prints what was done first.
 pub(crate) async fn run<T: Transport>(transport: &T, req: &Request) -> Result<(), CliError> {
-    match redrive(transport, &req.dlq, &req.options()).await {
+    run_with(transport, req, req.options()).await
+}
+
+/// [`run`] with the options given (a selection the command line cannot say).
+pub(crate) async fn run_with<T: Transport>(
+    transport: &T,
+    req: &Request,
+    options: RedriveOptions,
+) -> Result<(), CliError> {
+    match redrive(transport, &req.dlq, &options).await {
         Ok(result) => {
             print(&result, req);
             Ok(())

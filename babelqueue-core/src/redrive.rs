@@ -81,6 +81,10 @@ use crate::runtime::{
 /// The URN of the wrapper a non-object poison body is dead-lettered in.
 const POISON_URN: &str = crate::runtime::POISON_URN;
 
+/// How long a drain goes on waiting, without a message arriving, while the transport
+/// says more is on its way ([`Transport::next_due`]).
+const DRAIN_PATIENCE: Duration = Duration::from_secs(30);
+
 type Predicate = Arc<dyn Fn(&Envelope) -> bool + Send + Sync>;
 type Progress = Arc<dyn Fn(&RedriveItem) + Send + Sync>;
 
@@ -507,13 +511,23 @@ pub async fn redrive<T: Transport + ?Sized>(
 
     // 1. Drain.
     let mut batch: Vec<Delivery> = Vec::new();
+    let mut idle_since = tokio::time::Instant::now();
     let drained = loop {
         if options.max != 0 && batch.len() >= options.max {
             break Ok(());
         }
         match transport.reserve(dlq, options.wait).await {
-            Ok(Some(d)) => batch.push(d),
-            Ok(None) => break Ok(()),
+            Ok(Some(d)) => {
+                batch.push(d);
+                idle_since = tokio::time::Instant::now();
+            }
+            // Nothing came within `wait`: the DLQ is drained, unless the broker says more
+            // is on its way (Kafka: the group has not assigned the partitions yet, or
+            // records are not fetched yet), for at most DRAIN_PATIENCE without a message.
+            Ok(None) => match transport.next_due(dlq).await {
+                Ok(Some(_)) if idle_since.elapsed() < DRAIN_PATIENCE => {}
+                _ => break Ok(()),
+            },
             Err(e) => break Err(e),
         }
     };

@@ -495,6 +495,78 @@ impl KafkaTransport {
         .map_err(map_err)
     }
 
+    /// Reads up to `limit` records of `topic` that the group has not committed yet (from
+    /// each partition's committed offset, else its first record, up to its end), without
+    /// joining the group and without committing anything: what `babelqueue dlq list` shows
+    /// of a dead-letter topic. Returns how many uncommitted records the topic holds in
+    /// all, and the values read, partition by partition in offset order. Broker round
+    /// trips; a record without a value reads as an empty body.
+    pub async fn peek(
+        &self,
+        topic: &str,
+        limit: usize,
+    ) -> Result<(u64, Vec<Vec<u8>>), TransportError> {
+        let committed = self.committed(topic).await?;
+        let s = self.inner.settings.clone();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<(u64, Vec<Vec<u8>>), KafkaError> {
+            let mut config = s.consumer_config(&s.group);
+            config
+                .set("enable.auto.commit", "false")
+                .set("enable.partition.eof", "false");
+            let c: BaseConsumer = config.create()?;
+            let md = c.fetch_metadata(Some(&topic), QUERY_TIMEOUT)?;
+            let mut ranges = Vec::new();
+            let mut total = 0u64;
+            for t in md.topics() {
+                for p in t.partitions() {
+                    let (low, high) = c.fetch_watermarks(&topic, p.id(), QUERY_TIMEOUT)?;
+                    let from = committed
+                        .iter()
+                        .find(|(id, _)| *id == p.id())
+                        .map_or(low, |(_, o)| *o)
+                        .max(low);
+                    if from < high {
+                        total += u64::try_from(high - from).unwrap_or(0);
+                        ranges.push((p.id(), from, high));
+                    }
+                }
+            }
+            ranges.sort_unstable();
+            let mut out = Vec::new();
+            for (partition, from, high) in ranges {
+                if out.len() >= limit {
+                    break;
+                }
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&topic, partition, Offset::Offset(from))?;
+                c.assign(&tpl)?;
+                let mut next = from;
+                let deadline = std::time::Instant::now() + QUERY_TIMEOUT;
+                while next < high && out.len() < limit {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(KafkaError::MessageConsumption(
+                            RDKafkaErrorCode::RequestTimedOut,
+                        ));
+                    }
+                    match c.poll(left) {
+                        Some(Ok(m)) if m.partition() == partition => {
+                            next = m.offset() + 1;
+                            out.push(m.payload().map(<[u8]>::to_vec).unwrap_or_default());
+                        }
+                        Some(Ok(_)) | None => {}
+                        Some(Err(e)) => return Err(e),
+                    }
+                }
+            }
+            Ok((total, out))
+        })
+        .await
+        .map_err(TransportError::backend)?
+        .map_err(map_err)
+    }
+
     async fn produce(
         &self,
         topic: &str,

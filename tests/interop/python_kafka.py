@@ -7,7 +7,7 @@ Kafka broker, for tests/kafka_payments.rs.
 
 Environment: BROKER_URL (kafka://host:port), QUEUE, N (default 200), TIMEOUT (seconds
 ``consume`` waits on an empty topic before it stops, default 10.0), GROUP (consumer group,
-default babelqueue).
+default babelqueue), KAFKA_CONFIG (JSON object of extra librdkafka settings).
 
 ``produce`` prints one JSON line per payment: {"payment_id", "id"}. ``consume`` prints
 ``{"charged": {payment_id: count}, "skipped": n, "processed": n}``: the handler is wrapped
@@ -80,7 +80,12 @@ def main():
     mode = sys.argv[1]
     url = os.environ["BROKER_URL"]
     queue = os.environ["QUEUE"]
-    transport = KafkaTransport(url, group_id=os.environ.get("GROUP", "babelqueue"))
+    # KAFKA_CONFIG: extra librdkafka settings (JSON), handed to the SDK's transport as its
+    # client_config (tests/kafka_payments.rs sets batch.num.messages=1 for the producer: tansu
+    # 0.6 reports a partition's high watermark as its last batch's base offset + 1, so a
+    # multi-record batch would hide its records from a watermark).
+    extra = json.loads(os.environ.get("KAFKA_CONFIG", "{}"))
+    transport = KafkaTransport(url, group_id=os.environ.get("GROUP", "babelqueue"), **extra)
     if mode == "produce":
         produce(transport, queue, int(os.environ.get("N", "200")))
         return
