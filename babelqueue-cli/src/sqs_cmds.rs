@@ -57,14 +57,16 @@ pub(crate) async fn dlq_list(
     let mut bodies = Vec::new();
     let mut receipts = Vec::new();
     let mut failure = None;
-    while bodies.len() < limit {
+    // Until `limit`, or every counted one, or a long poll that brings nothing (a short
+    // poll samples only some of SQS's servers: an empty answer proves nothing).
+    while bodies.len() < limit && (bodies.len() as u64) < total.max(1) {
         let want = (limit - bodies.len()).min(10) as i32;
         let got = client
             .receive_message()
             .queue_url(&url)
             .max_number_of_messages(want)
             .visibility_timeout(LIST_VISIBILITY)
-            .wait_time_seconds(if bodies.is_empty() { 1 } else { 0 })
+            .wait_time_seconds(1)
             .send()
             .await;
         match got {
