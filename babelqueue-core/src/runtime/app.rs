@@ -61,6 +61,11 @@ pub enum PublishError {
 ///   attempt counted, never dead-lettered for it; the message goes back to the queue after
 ///   the [store backoff](Self::store_backoff), and every worker pauses while the store
 ///   stays down.
+/// - **The store write a successful handler owes** (`remember` / `complete`) fails or
+///   hangs → kept with the message: retried after the store backoff until the store
+///   answers, then the ack goes. The message stays unacked meanwhile and a duplicate in
+///   this process waits for the id's turn; only a shutdown past its grace period (or a
+///   crash) leaves it, unacked, for recovery.
 /// - **[`InFlight`](crate::InFlight)** (lease mode: another worker holds the id) → put back
 ///   unchanged after [`in_flight_delay`](Self::in_flight_delay), no attempt counted.
 /// - **The broker fails** while settling (ack, requeue, dead-letter publish) → retried with
@@ -316,9 +321,12 @@ impl App {
     /// How long one call to the dedupe store inside the guard may take (default 10 s).
     /// A `seen` / `claim` that has not answered by then (a lost connection, a table lock)
     /// is cut and treated as the store being unavailable: the message goes back to the
-    /// queue, no attempt counted. A `remember` / `complete` that hangs after the handler
-    /// succeeded is cut too, and the message acked (logged: a redelivery may run it
-    /// again). Async guards only: a sync store call cannot be cut.
+    /// queue, no attempt counted. A `remember` / `complete` owed after the handler
+    /// succeeded that fails or hangs is cut too, and tried again after the
+    /// [store backoff](Self::store_backoff) until the store answers: the message stays
+    /// unacked and the id's turn held meanwhile, so the write is never dropped while the
+    /// consumer lives. Async guards only: a sync store call cannot be cut (a sync guard's
+    /// failed write is retried the same way).
     #[must_use]
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.config.store_timeout = timeout;

@@ -129,7 +129,9 @@ async fn send_owed_writes(ctx: &Ctx, deferred: Deferred) -> Deferred {
             .until_done("remember", || ctx.transport.apply_writes(&deferred.writes))
             .await
     {
-        tracing::warn!(%error, "remembering a guarded id failed; a redelivery may run it again");
+        // Retried until done: only the end of the shutdown grace period stops it (the
+        // settlement that follows stops there too and leaves the message unacked).
+        tracing::warn!(%error, "remembering a guarded id was cut by the shutdown; the message is left for recovery");
     }
     Deferred::default()
 }
