@@ -122,6 +122,7 @@ pub struct App {
     // issue 22 (payload schemas): set by `App::schemas` (in `crate::schema`).
     #[cfg(feature = "schema")]
     pub(crate) schemas: Option<Arc<crate::schema::Schemas>>,
+    pub(crate) readiness: Arc<super::ctx::ReadinessState>,
 }
 
 impl std::fmt::Debug for App {
@@ -177,6 +178,7 @@ impl App {
             observer: None,
             #[cfg(feature = "schema")]
             schemas: None,
+            readiness: Arc::default(),
         }
     }
 
@@ -473,7 +475,25 @@ impl App {
             self.dead_letter_queue_name(),
             config,
             self.observer.clone(),
+            Arc::clone(&self.readiness),
         )
+    }
+
+    /// Whether this app is ready to work, for a readiness probe: consuming (a
+    /// [`run`](Self::run_until) or [`drain`](Self::drain) of it or of a clone is under
+    /// way) and its dedupe store answering. A consumer started while its store is down
+    /// starts anyway, reports itself not ready (here, with a `tracing` warning, and in the
+    /// `babelqueue_ready` gauge with feature `metrics`), puts back what it cannot check
+    /// without counting an attempt, and begins work when the store answers.
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{App, InMemoryTransport};
+    /// let app = App::new(InMemoryTransport::new());
+    /// assert!(!app.readiness().is_ready(), "not consuming yet");
+    /// assert!(app.readiness().store_available);
+    /// ```
+    pub fn readiness(&self) -> super::report::Readiness {
+        self.readiness.get()
     }
 
     /// The transport.

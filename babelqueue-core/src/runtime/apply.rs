@@ -52,11 +52,14 @@ fn jitter_sample() -> f64 {
 /// put-back delay), an answer ends the pause.
 fn store_pause(ctx: &Ctx, happened: Happened) -> Duration {
     match happened {
-        Happened::StoreUnavailable => ctx
-            .store
-            .failed(ctx.config.store_backoff_min, ctx.config.store_backoff_max),
+        Happened::StoreUnavailable => {
+            ctx.readiness.store(&ctx.config.queue, true);
+            ctx.store
+                .failed(ctx.config.store_backoff_min, ctx.config.store_backoff_max)
+        }
         Happened::Succeeded | Happened::Skipped | Happened::Failed { .. } => {
             ctx.store.ok();
+            ctx.readiness.store(&ctx.config.queue, false);
             Duration::ZERO
         }
         _ => Duration::ZERO,

@@ -70,7 +70,7 @@ pub use execute::RELEASES_HEADER;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};
 pub use memory::InMemoryTransport;
 pub use observe::publish_traced;
-pub use report::{Disposition, Report, Stats};
+pub use report::{Disposition, Readiness, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
     ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Transport,

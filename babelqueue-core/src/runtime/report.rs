@@ -161,6 +161,31 @@ impl Stats {
     }
 }
 
+/// Whether a consumer is ready to work, for a readiness probe
+/// ([`App::readiness`](super::App::readiness)).
+///
+/// A consumer started while its dedupe store is down does not exit: it starts, reports
+/// itself not ready (here, in the `babelqueue_ready` gauge with feature `metrics`, and
+/// with a `tracing` warning), keeps the messages it cannot check on the queue, and begins
+/// work when the store answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Readiness {
+    /// A [`run`](super::App::run_until) or [`drain`](super::App::drain) of this app is
+    /// consuming (its consumer was started and it has not stopped).
+    pub consuming: bool,
+    /// The dedupe store answered the last guard call that needed it (`false` from a
+    /// store failure or timeout until the next answer).
+    pub store_available: bool,
+}
+
+impl Readiness {
+    /// Consuming, with the store answering.
+    pub fn is_ready(&self) -> bool {
+        self.consuming && self.store_available
+    }
+}
+
 /// [`App::drain`](super::App::drain) gave up: the transport kept failing for longer than
 /// [`App::give_up_after`](super::App::give_up_after). In-flight messages were finished first.
 ///

@@ -377,6 +377,7 @@ where
         tracing::warn!(%error, "starting the consumer failed; reserving anyway");
     }
     drop(options);
+    shared.ctx.readiness.consuming(&queue, true);
     let maint = tokio::spawn(background(Arc::clone(&shared), events));
 
     let mut workers = JoinSet::new();
@@ -424,6 +425,7 @@ where
     while let Some(done) = workers.join_next().await {
         merge(done, &mut stats);
     }
+    shared.ctx.readiness.consuming(&queue, false);
     if let Err(error) = transport.leave(&queue).await {
         tracing::warn!(%error, "leaving the consumer registry failed; the heartbeat expires by itself");
     }
