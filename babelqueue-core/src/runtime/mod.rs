@@ -64,7 +64,7 @@ mod worker;
 
 pub use app::{App, DrainError, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
-pub use depth::QueueDepth;
+pub use depth::{HeldElsewhere, QueueDepth};
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};

@@ -107,6 +107,11 @@ pub struct Stats {
     pub unacked: u64,
     /// Transport errors seen by the reserve loop (each followed by a backoff).
     pub transport_errors: u64,
+    /// A drain only: messages it ended without, left in the in-flight lists of other
+    /// consumers whose heartbeat had not expired when its wait for them ran out (see
+    /// [`App::drain`](super::App::drain)); a consumer running once the heartbeat
+    /// expired recovers them. Empty when nothing was left.
+    pub left_in_flight: Vec<super::depth::HeldElsewhere>,
 }
 
 impl Stats {
@@ -127,6 +132,7 @@ impl Stats {
         self.acked += o.acked;
         self.unacked += o.unacked;
         self.transport_errors += o.transport_errors;
+        self.left_in_flight.extend(o.left_in_flight.iter().cloned());
     }
 
     pub(crate) fn record(&mut self, r: &Report) {
