@@ -557,6 +557,15 @@ impl App {
     /// (retries, deferrals, releases waiting for their time) and nothing is in flight in
     /// this consumer; returns the counts. For tests and one-shot jobs.
     ///
+    /// Messages another consumer holds in its own in-flight list
+    /// ([`Transport::held_elsewhere`]; Redis) are waited for too: a consumer killed while
+    /// holding them is recovered once its heartbeat expires, and the drain then handles
+    /// them. The wait is bounded: the longest heartbeat time left when first seen, plus
+    /// two [recovery intervals](Self::recovery_interval). A consumer still renewing its
+    /// heartbeat past that (alive, or stuck) keeps its messages: the drain ends, logs a
+    /// warning per consumer and lists them in [`Stats::left_in_flight`] (consumer id and
+    /// count; a consumer running once the heartbeat expires recovers them).
+    ///
     /// First it checks that the router holds every handler's shared state
     /// ([`check_state`](Self::check_state)); if not, it returns at once, with nothing
     /// reserved ([`DrainError::missing_state`] says what is missing).
