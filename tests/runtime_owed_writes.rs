@@ -174,7 +174,7 @@ async fn a_shutdown_past_its_grace_leaves_the_owed_message_unacked() {
     app.publish_envelope(&env).await.unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let run = {
-        let app = app;
+        let app = app.clone();
         tokio::spawn(async move {
             app.run_until(async move {
                 let _ = stop_rx.await;
@@ -191,6 +191,11 @@ async fn a_shutdown_past_its_grace_leaves_the_owed_message_unacked() {
         "unacked while the write is owed"
     );
     assert!(store.faults().injected(StoreCall::Remember) >= 5);
+    let r = app.readiness();
+    assert!(
+        r.consuming && !r.store_available,
+        "not ready while the write is owed: {r:?}"
+    );
     stop_tx.send(()).unwrap();
     let stats = run.await.unwrap();
     assert_eq!((stats.acked, stats.unacked), (0, 1), "{stats:?}");

@@ -262,6 +262,19 @@ pub(crate) struct StoreProbe {
     /// The runtime gave the delivery up (its future was dropped: the shutdown grace period
     /// ended, or a handler timeout): a sync guard's owed-write loop stops.
     abandoned: AtomicBool,
+    /// Told when an owed write fails (`true`) and when it lands after failing (`false`):
+    /// the runtime's store health (reserving pauses) and readiness.
+    store_down: Option<StoreDownHook>,
+}
+
+/// See [`StoreProbe::on_store_down`].
+#[derive(Clone)]
+pub(crate) struct StoreDownHook(pub(crate) Arc<dyn Fn(bool) + Send + Sync>);
+
+impl std::fmt::Debug for StoreDownHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreDownHook")
+    }
 }
 
 /// How an owed store write (after a successful handler) is retried inside the runtime:
@@ -313,6 +326,7 @@ impl Default for StoreProbe {
             deferred: Mutex::new(Deferred::default()),
             owed: None,
             abandoned: AtomicBool::new(false),
+            store_down: None,
         }
     }
 }
@@ -331,6 +345,19 @@ impl StoreProbe {
     pub(crate) fn owed_retry(mut self, retry: OwedRetry) -> Self {
         self.owed = Some(retry);
         self
+    }
+
+    /// The same probe, telling `hook` when an owed write fails (`true`) and when it lands
+    /// after failing (`false`).
+    pub(crate) fn on_store_down(mut self, hook: StoreDownHook) -> Self {
+        self.store_down = Some(hook);
+        self
+    }
+
+    fn store_down(&self, down: bool) {
+        if let Some(hook) = &self.store_down {
+            (hook.0)(down);
+        }
     }
 
     /// The delivery was given up: a sync guard still retrying its owed write stops.
@@ -587,14 +614,24 @@ where
         return out;
     };
     let mut delay = retry.min;
+    let mut failed = false;
     loop {
         match tokio::time::timeout(retry.timeout, op()).await {
             Ok(Ok(v)) => {
-                with_current(StoreProbe::leave);
+                with_current(|p| {
+                    if failed {
+                        p.store_down(false);
+                    }
+                    p.leave();
+                });
                 return Ok(v);
             }
             Ok(Err(error)) => owed_failed(key, what, &error, delay),
             Err(_) => owed_failed(key, what, &"no answer within the store timeout", delay),
+        }
+        if !failed {
+            failed = true;
+            with_current(|p| p.store_down(true));
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(retry.max);
@@ -658,14 +695,24 @@ pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
         return op();
     };
     let mut delay = retry.min;
+    let mut failed = false;
     loop {
         match op() {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                if failed {
+                    probe.store_down(false);
+                }
+                return Ok(v);
+            }
             Err(error) => {
                 if probe.abandoned.load(Ordering::SeqCst) {
                     return Err(error);
                 }
                 owed_failed(key, what, &error, delay);
+                if !failed {
+                    failed = true;
+                    probe.store_down(true);
+                }
             }
         }
         std::thread::sleep(delay);

@@ -120,7 +120,7 @@ pub(crate) struct Ctx {
     pub config: Config,
     pub observer: Option<Observer>,
     pub policy: Policy,
-    pub store: StoreHealth,
+    pub store: Arc<StoreHealth>,
     /// The shutdown grace period ended: stop retrying, leave messages in flight.
     pub hard_stop: AtomicBool,
     pub hard_notify: Notify,
@@ -160,11 +160,30 @@ impl Ctx {
             config,
             observer,
             policy,
-            store: StoreHealth::default(),
+            store: Arc::default(),
             hard_stop: AtomicBool::new(false),
             hard_notify: Notify::new(),
             readiness,
         }
+    }
+
+    /// What a guard's owed write tells when it fails (`true`: the store is down, reserving
+    /// pauses for the store backoff, not ready) and when it lands after failing.
+    pub(crate) fn store_down_hook(&self) -> crate::inflight::StoreDownHook {
+        let (health, readiness) = (Arc::clone(&self.store), Arc::clone(&self.readiness));
+        let (queue, min, max) = (
+            self.config.queue.clone(),
+            self.config.store_backoff_min,
+            self.config.store_backoff_max,
+        );
+        crate::inflight::StoreDownHook(Arc::new(move |down| {
+            if down {
+                health.failed(min, max);
+            } else {
+                health.ok();
+            }
+            readiness.store(&queue, down);
+        }))
     }
 
     pub(crate) fn hard_stopped(&self) -> bool {

@@ -268,11 +268,13 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
     let id = envelope.meta.id.clone();
     let keep = ctx.observer.is_some().then(|| envelope.clone());
     let probe = Arc::new(
-        StoreProbe::with_pipeline(ctx.pipeline_server.clone()).owed_retry(OwedRetry {
-            timeout: ctx.config.store_timeout,
-            min: ctx.config.store_backoff_min,
-            max: ctx.config.store_backoff_max,
-        }),
+        StoreProbe::with_pipeline(ctx.pipeline_server.clone())
+            .owed_retry(OwedRetry {
+                timeout: ctx.config.store_timeout,
+                min: ctx.config.store_backoff_min,
+                max: ctx.config.store_backoff_max,
+            })
+            .on_store_down(ctx.store_down_hook()),
     );
     let urn = handler.urn().to_owned();
     let started = Instant::now();
