@@ -53,6 +53,8 @@ fn app(
         .queue(queue)
         .concurrency(2)
         .store_backoff(Duration::from_millis(100), Duration::from_secs(5))
+        // Shorter than the 3 s outages: the time a write is owed is not the handler's.
+        .handler_timeout(Duration::from_secs(1))
         .in_flight_delay(Duration::from_millis(200));
     let (store, charges) = (Arc::clone(store), Arc::clone(charges));
     match mode {
@@ -153,6 +155,11 @@ async fn lease_complete_is_retried_through_a_3_s_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_guard_retries_its_remember_too() {
     charged_once_across_an_outage(Mode::Sync, Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_guard_retries_its_remember_past_the_handler_timeout() {
+    charged_once_across_an_outage(Mode::Sync, Duration::from_secs(3)).await;
 }
 
 /// The store never comes back: the message stays unacknowledged while the write is

@@ -694,6 +694,9 @@ pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
     let Some((probe, retry)) = probe.and_then(|p| p.owed.map(|r| (p, r))) else {
         return op();
     };
+    // The runtime's watchdog sees the phase too: no handler timeout while the write is
+    // owed.
+    probe.enter(Phase::StoreAfter);
     let mut delay = retry.min;
     let mut failed = false;
     loop {
@@ -702,10 +705,12 @@ pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
                 if failed {
                     probe.store_down(false);
                 }
+                probe.leave();
                 return Ok(v);
             }
             Err(error) => {
                 if probe.abandoned.load(Ordering::SeqCst) {
+                    probe.leave();
                     return Err(error);
                 }
                 owed_failed(key, what, &error, delay);
