@@ -209,3 +209,38 @@ async fn a_shutdown_past_its_grace_leaves_the_owed_message_unacked() {
     assert_eq!(t.processing_len(queue), 1, "left in flight for recovery");
     let _ = t.leave(queue).await;
 }
+
+/// While the write is owed, the duplicate reserved by the second worker waits for the
+/// key's turn (it does not even ask the store), then finds the id remembered.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_in_this_process_waits_for_the_owed_write() {
+    let queue = "owed-turn";
+    let t = InMemoryTransport::new();
+    let store: Store = Arc::new(FaultyStore::new(InMemoryStore::new()));
+    let charges = Arc::new(AtomicUsize::new(0));
+    let app = app(&t, queue, &store, &charges, Mode::Seen, None);
+    store.faults().fail_while(StoreCall::Remember, true);
+    let body = Envelope::new(CHARGE, json!({"amount": 3}))
+        .unwrap()
+        .with_queue(queue)
+        .encode();
+    app.publish_raw(body.clone()).await.unwrap();
+    app.publish_raw(body).await.unwrap();
+    let drain = tokio::spawn({
+        let app = app.clone();
+        async move { app.drain().await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    assert_eq!(t.processing_len(queue), 2, "both copies held, none acked");
+    assert_eq!(
+        store.faults().calls(StoreCall::Seen),
+        1,
+        "the duplicate waits for the turn before asking the store"
+    );
+    store.faults().fail_while(StoreCall::Remember, false);
+    let stats = drain.await.unwrap();
+    assert_eq!((stats.succeeded, stats.skipped), (1, 1), "{stats:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    assert_eq!((t.len(queue), t.processing_len(queue)), (0, 0));
+}
