@@ -393,7 +393,11 @@ async fn open_store(
     };
     Ok(match kind {
         "redis" => {
-            let s = RedisStore::connect(store_url.as_deref().unwrap_or(redis_default)).await?;
+            // Connected by the first call: a consumer started while its store is down
+            // starts, reports itself not ready (a warning), and begins work when the store
+            // answers, instead of exiting.
+            let s = RedisStore::builder(store_url.as_deref().unwrap_or(redis_default))
+                .connect_lazy()?;
             (DynStore::new(s.clone()), LeaseBackend::Redis(s))
         }
         "postgres" => {
@@ -401,7 +405,20 @@ async fn open_store(
                 env_or("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
             });
             let store = PostgresStore::connect(&url).await?;
-            store.migrate().await?;
+            // The table must exist before any work: while the server is down, wait for it
+            // (not ready) instead of exiting.
+            let mut delay = Duration::from_millis(100);
+            loop {
+                match store.migrate().await {
+                    Ok(()) => break,
+                    Err(e) if e.is_unavailable() => {
+                        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "the postgres store is unavailable: not ready, waiting for it");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
             (DynStore::new(store.clone()), LeaseBackend::Postgres(store))
         }
         "embedded" => {

@@ -16,7 +16,10 @@
 //! 4. `seen` fails → the store's error is returned (converted into the handler's error
 //!    type) and the handler does not run; `remember` fails after a successful handler →
 //!    logged with `tracing::warn!` and the call still succeeds (the known at-least-once
-//!    window).
+//!    window). Inside the consume runtime the write is not given up: it is retried with
+//!    the store backoff while the message stays unacknowledged and the key's turn stays
+//!    held, and only a shutdown past its grace period (or a crash) leaves it, the message
+//!    then being left unacked for recovery (see `ARCHITECTURE.md`, *Owed writes*).
 //!
 //! ```
 //! use babelqueue_core::{Envelope, Guard, InMemoryStore, Outcome};
@@ -330,7 +333,9 @@ impl<S: Store + ?Sized> Guard<'_, S, Dedupe> {
         }
         inflight::handler_runs();
         handler().into_result()?;
-        if let Err(err) = store.remember_for(&key, ttl) {
+        if let Err(err) =
+            inflight::owed_write_sync(&key, "remember", || store.remember_for(&key, ttl))
+        {
             remember_failed(&key, &err);
         }
         Ok(Guarded::unclaimed(done(Outcome::Ran)))
@@ -410,7 +415,7 @@ impl<S: AsyncStore + ?Sized> Guard<'_, S, Dedupe> {
                     Ok(()) => return Ok(Guarded::unclaimed(done(Outcome::Ran))),
                     Err(turn) => turn,
                 };
-                inflight::store_after(store.remember_for(key, ttl)).await
+                inflight::owed_write(key, "remember", || store.remember_for(key, ttl)).await
             } else {
                 store.remember_for(key, ttl).await
             };
@@ -461,8 +466,12 @@ impl<S: LeaseStore + Sync + ?Sized> Guard<'_, S, Leased> {
         let (result, lost) = lease::run_renewing_sync(store, &key, &token, length, handler);
         match result {
             Ok(()) => {
-                let completed = store.complete(&key, &token, ttl);
-                let lost = settle_lease(&key, completed, lost, || store.remember_for(&key, ttl));
+                let completed = inflight::owed_write_sync(&key, "complete", || {
+                    store.complete(&key, &token, ttl)
+                });
+                let lost = settle_lease(&key, completed, lost, || {
+                    inflight::owed_write_sync(&key, "remember", || store.remember_for(&key, ttl))
+                });
                 Ok(leased(done(Outcome::Ran), &token, lost))
             }
             Err(e) => {
@@ -532,9 +541,14 @@ impl<S: AsyncLeaseStore + ?Sized> Guard<'_, S, Leased> {
         let (result, lost) = lease::run_renewing_async(store, &key, &token, length, handler).await;
         match result {
             Ok(()) => {
-                let completed = inflight::store_after(store.complete(&key, &token, ttl)).await;
+                let completed =
+                    inflight::owed_write(&key, "complete", || store.complete(&key, &token, ttl))
+                        .await;
                 let fallback = match &completed {
-                    Ok(false) => Some(store.remember_for(&key, ttl).await),
+                    Ok(false) => Some(
+                        inflight::owed_write(&key, "remember", || store.remember_for(&key, ttl))
+                            .await,
+                    ),
                     _ => None,
                 };
                 let lost =
@@ -584,7 +598,9 @@ impl<S: FingerprintStore + ?Sized> Guard<'_, S, Fingerprinted> {
         }
         inflight::handler_runs();
         handler().into_result()?;
-        if let Err(err) = store.remember_fingerprint(&key, fp, ttl) {
+        if let Err(err) = inflight::owed_write_sync(&key, "remember", || {
+            store.remember_fingerprint(&key, fp, ttl)
+        }) {
             remember_failed(&key, &err);
         }
         Ok(Guarded::unclaimed(done(Outcome::Ran)))
@@ -617,7 +633,11 @@ impl<S: AsyncFingerprintStore + ?Sized> Guard<'_, S, Fingerprinted> {
         }
         inflight::handler_runs();
         handler.await.into_result()?;
-        if let Err(err) = inflight::store_after(store.remember_fingerprint(&key, &fp, ttl)).await {
+        if let Err(err) = inflight::owed_write(&key, "remember", || {
+            store.remember_fingerprint(&key, &fp, ttl)
+        })
+        .await
+        {
             remember_failed(&key, &err);
         }
         Ok(Guarded::unclaimed(done(Outcome::Ran)))

@@ -192,11 +192,15 @@ where
             // Task-locals are not visible on the blocking pool: the replay flag of the
             // delivery is carried into the closure.
             let replay = crate::replay::is_replay();
+            // The delivery's probe too, for a guard's owed write (retried until it lands).
+            let probe = crate::inflight::current_probe();
             let task = handle.spawn_blocking(move || {
                 tracing::dispatcher::with_default(&dispatch, || {
                     let _entered = span.enter();
-                    let (r, o) = crate::replay::sync_scope(replay, || capture_outcome_sync(f));
-                    into_output(r, o)
+                    crate::inflight::sync_probe_scope(probe, || {
+                        let (r, o) = crate::replay::sync_scope(replay, || capture_outcome_sync(f));
+                        into_output(r, o)
+                    })
                 })
             });
             Box::pin(async move {

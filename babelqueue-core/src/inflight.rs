@@ -256,6 +256,35 @@ pub(crate) struct StoreProbe {
     /// Writes handed over by guards of this delivery, each with the turn on its key (held
     /// until the write is sent).
     deferred: Mutex<Deferred>,
+    /// How a guard retries the write it owes after a successful handler (`remember` /
+    /// `complete`): set by the runtime; `None` (a probe of a test) tries once.
+    owed: Option<OwedRetry>,
+    /// The runtime gave the delivery up (its future was dropped: the shutdown grace period
+    /// ended, or a handler timeout): a sync guard's owed-write loop stops.
+    abandoned: AtomicBool,
+    /// Told when an owed write fails (`true`) and when it lands after failing (`false`):
+    /// the runtime's store health (reserving pauses) and readiness.
+    store_down: Option<StoreDownHook>,
+}
+
+/// See [`StoreProbe::on_store_down`].
+#[derive(Clone)]
+pub(crate) struct StoreDownHook(pub(crate) Arc<dyn Fn(bool) + Send + Sync>);
+
+impl std::fmt::Debug for StoreDownHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreDownHook")
+    }
+}
+
+/// How an owed store write (after a successful handler) is retried inside the runtime:
+/// each try is cut at `timeout`, the next follows after the store backoff (`min`
+/// doubling to `max`). It stops only when the write succeeds or the delivery is given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwedRetry {
+    pub(crate) timeout: std::time::Duration,
+    pub(crate) min: std::time::Duration,
+    pub(crate) max: std::time::Duration,
 }
 
 /// Store writes a delivery's guards handed over to the runtime, and the turns on their
@@ -295,6 +324,9 @@ impl Default for StoreProbe {
             changed: Notify::new(),
             pipeline_server: None,
             deferred: Mutex::new(Deferred::default()),
+            owed: None,
+            abandoned: AtomicBool::new(false),
+            store_down: None,
         }
     }
 }
@@ -307,6 +339,30 @@ impl StoreProbe {
             pipeline_server: server,
             ..StoreProbe::default()
         }
+    }
+
+    /// The same probe, with owed writes retried by `retry` (the runtime's settings).
+    pub(crate) fn owed_retry(mut self, retry: OwedRetry) -> Self {
+        self.owed = Some(retry);
+        self
+    }
+
+    /// The same probe, telling `hook` when an owed write fails (`true`) and when it lands
+    /// after failing (`false`).
+    pub(crate) fn on_store_down(mut self, hook: StoreDownHook) -> Self {
+        self.store_down = Some(hook);
+        self
+    }
+
+    fn store_down(&self, down: bool) {
+        if let Some(hook) = &self.store_down {
+            (hook.0)(down);
+        }
+    }
+
+    /// The delivery was given up: a sync guard still retrying its owed write stops.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
     }
 
     /// Takes the writes (and key turns) the guards handed over.
@@ -471,7 +527,7 @@ pub(crate) fn delivery() -> Delivery {
 impl Delivery {
     /// Whether this is a delivery of the runtime: if so, the guard takes the turn on its
     /// key and reports to the probe ([`turn_async`], [`store_before`], [`handler_runs`],
-    /// [`defer_remember`], [`store_after`]); if not, it calls the store directly and
+    /// [`defer_remember`], [`owed_write`]); if not, it calls the store directly and
     /// passes what `seen` answered through [`store_answer`](Self::store_answer).
     pub(crate) fn of_runtime(self) -> bool {
         self.0
@@ -529,16 +585,144 @@ pub(crate) fn store_before_sync<T, E>(key: &str, f: impl FnOnce() -> Result<T, E
     out
 }
 
-/// Runs the guard's store call after a successful handler (`remember` / `complete`), with
-/// the phase marked (a hang there is cut by the runtime and the delivery acked: the
-/// handler succeeded).
-pub(crate) async fn store_after<T, F: Future<Output = T>>(fut: F) -> T {
-    let probed = with_current(|p| p.enter(Phase::StoreAfter)).is_some();
-    let out = fut.await;
-    if probed {
+/// Runs the store write a guard owes after a successful handler (`remember` /
+/// `complete`, `what` names it in the log).
+///
+/// Inside a runtime delivery the write is **kept with the message**: it is tried, each
+/// try cut at the store timeout, and tried again after the store backoff until the store
+/// answers. Meanwhile the handler's future has not returned, so the message stays
+/// unacknowledged and the guard keeps the turn on its key (a duplicate in this process
+/// waits). Only the runtime dropping the delivery (a shutdown past its grace period) ends
+/// it, leaving the message unacked for recovery. Outside a runtime delivery (a guard
+/// called by hand) the write is tried once and its answer returned.
+pub(crate) async fn owed_write<T, E, F, Fut>(
+    key: &str,
+    what: &'static str,
+    mut op: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let Some(Some(retry)) = with_current(|p| {
+        p.enter(Phase::StoreAfter);
+        p.owed
+    }) else {
+        let out = op().await;
         with_current(StoreProbe::leave);
+        return out;
+    };
+    let mut delay = retry.min;
+    let mut failed = false;
+    loop {
+        match tokio::time::timeout(retry.timeout, op()).await {
+            Ok(Ok(v)) => {
+                with_current(|p| {
+                    if failed {
+                        p.store_down(false);
+                    }
+                    p.leave();
+                });
+                return Ok(v);
+            }
+            Ok(Err(error)) => owed_failed(key, what, &error, delay),
+            Err(_) => owed_failed(key, what, &"no answer within the store timeout", delay),
+        }
+        if !failed {
+            failed = true;
+            with_current(|p| p.store_down(true));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(retry.max);
     }
-    out
+}
+
+fn owed_failed(key: &str, what: &str, error: &dyn std::fmt::Display, delay: std::time::Duration) {
+    tracing::warn!(
+        key,
+        op = what,
+        %error,
+        retry_in_ms = delay.as_millis() as u64,
+        "the handler succeeded but its store write failed; the message stays unacknowledged \
+         and the write is retried"
+    );
+}
+
+thread_local! {
+    /// The runtime delivery's probe, for a sync handler on the blocking pool (where the
+    /// task-local is not visible): only the owed-write loop reads it.
+    static SYNC_PROBE: std::cell::RefCell<Option<Arc<StoreProbe>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The current runtime delivery's probe, to be carried to a sync handler's thread.
+pub(crate) fn current_probe() -> Option<Arc<StoreProbe>> {
+    PROBE.try_with(Arc::clone).ok()
+}
+
+/// Runs `f` (a sync handler, on the blocking pool) with `probe` visible to
+/// [`owed_write_sync`]; restored on exit and on panic.
+pub(crate) fn sync_probe_scope<T>(probe: Option<Arc<StoreProbe>>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Arc<StoreProbe>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let old = self.0.take();
+            SYNC_PROBE.with(|p| *p.borrow_mut() = old);
+        }
+    }
+    let old = SYNC_PROBE.with(|p| p.replace(probe));
+    let _restore = Restore(old);
+    f()
+}
+
+/// The blocking counterpart of [`owed_write`], for sync guards: inside a runtime
+/// delivery's sync handler the write is retried after the store backoff until it
+/// succeeds or the runtime gives the delivery up (then the last error is returned and the
+/// message, already dropped by the runtime, stays unacked). A blocking try cannot be cut:
+/// the store's own timeouts bound it. Elsewhere the write is tried once.
+pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
+    key: &str,
+    what: &'static str,
+    mut op: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let probe = if crate::outcome::capturing_sync() {
+        SYNC_PROBE.with(|p| p.borrow().clone())
+    } else {
+        None
+    };
+    let Some((probe, retry)) = probe.and_then(|p| p.owed.map(|r| (p, r))) else {
+        return op();
+    };
+    // The runtime's watchdog sees the phase too: no handler timeout while the write is
+    // owed.
+    probe.enter(Phase::StoreAfter);
+    let mut delay = retry.min;
+    let mut failed = false;
+    loop {
+        match op() {
+            Ok(v) => {
+                if failed {
+                    probe.store_down(false);
+                }
+                probe.leave();
+                return Ok(v);
+            }
+            Err(error) => {
+                if probe.abandoned.load(Ordering::SeqCst) {
+                    probe.leave();
+                    return Err(error);
+                }
+                owed_failed(key, what, &error, delay);
+                if !failed {
+                    failed = true;
+                    probe.store_down(true);
+                }
+            }
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(retry.max);
+    }
 }
 
 #[cfg(test)]

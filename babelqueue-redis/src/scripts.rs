@@ -110,6 +110,22 @@ return out
     )
 });
 
+/// The registry with the server's time: `{now, id, expiry, id, expiry, …}` (expiry = the
+/// score, Unix ms). KEYS: registry.
+pub(crate) static REGISTRY: LazyLock<Script> = LazyLock::new(|| {
+    with_now(
+        r"
+local out = {now}
+local r = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #r, 2 do
+  out[#out + 1] = r[i]
+  out[#out + 1] = math.floor(tonumber(r[i + 1]))
+end
+return out
+",
+    )
+});
+
 /// Recovery of ONE consumer. When its heartbeat key exists it is alive: returns {-1} and
 /// touches nothing. Otherwise each element of its list (oldest first ends first) goes back
 /// to the head of the queue and its counter is bumped, except an element already recovered

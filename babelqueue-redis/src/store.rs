@@ -335,6 +335,38 @@ impl RedisStoreBuilder {
     }
 }
 
+impl RedisStoreBuilder {
+    /// Like [`connect`](Self::connect), but without connecting: only the URL is checked
+    /// here, and the connection is made by the first call (and remade after a loss, as
+    /// always). For a consumer started while its store is down: it starts, its guard's
+    /// calls fail as unavailable (typed: the runtime puts the messages back without
+    /// counting an attempt and reports itself not ready) until the server answers.
+    /// Call it inside a tokio runtime.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // Nothing listens there: the store is built anyway; its calls fail as unavailable.
+    /// let store = babelqueue_redis::RedisStore::builder("redis://127.0.0.1:1/0")
+    ///     .retries(0)
+    ///     .connect_lazy()
+    ///     .unwrap();
+    /// let answer = babelqueue_core::AsyncStore::seen(&store, "id").await;
+    /// assert!(answer.is_err_and(|e| e.is_unavailable()));
+    /// # });
+    /// ```
+    pub fn connect_lazy(self) -> Result<RedisStore, RedisStoreError> {
+        let client = crate::conn::client_for(&self.url, self.nodelay)?;
+        let server = crate::conn::server_identity(client.get_connection_info());
+        let config = manager_config(self.connection_timeout, self.response_timeout, self.retries);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| redis_error("connect", e))?;
+        let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
+        store.ttl = self.ttl;
+        store.server = Some(server.into());
+        Ok(store)
+    }
+}
+
 /// The connection manager's retries: about 1 s apart (with jitter). (The redis crate's
 /// default multiplies a 1 s delay by 100 per attempt, capped at a minute, six times:
 /// minutes before an unreachable server is reported.)

@@ -34,8 +34,8 @@ use std::time::Duration;
 use babelqueue_core::handler::BoxFuture;
 use babelqueue_core::pipelined::PipelinedWrite;
 use babelqueue_core::runtime::{
-    ConsumerOptions, Delivery, ListMaintenance, Maintenance, QueueDepth, Recovered, Republish,
-    Transport, TransportError,
+    ConsumerOptions, Delivery, HeldElsewhere, ListMaintenance, Maintenance, QueueDepth, Recovered,
+    Republish, Transport, TransportError,
 };
 use redis::{Client, RedisError, Value};
 use tokio::sync::{Mutex, RwLock};
@@ -1182,6 +1182,49 @@ impl Transport for RedisTransport {
                 delayed as u64,
                 in_flight as u64,
             ))
+        })
+    }
+
+    fn held_elsewhere<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<HeldElsewhere>, TransportError>> {
+        Box::pin(async move {
+            let mut s = scripts::REGISTRY.prepare_invoke();
+            s.key(consumers_registry(queue));
+            let reply: Vec<Value> = self.script(s).await?;
+            let mut it = reply.into_iter();
+            let int = |v: Option<Value>| match v {
+                Some(Value::Int(n)) => Some(n),
+                _ => None,
+            };
+            let Some(now) = int(it.next()) else {
+                return Err(TransportError::backend(
+                    "unexpected reply of the registry script",
+                ));
+            };
+            let mut held = Vec::new();
+            while let (Some(id), expiry) = (it.next(), int(it.next())) {
+                let Value::BulkString(id) = id else { continue };
+                let Ok(id) = String::from_utf8(id) else {
+                    continue;
+                };
+                if id == self.id() {
+                    continue;
+                }
+                let n: u64 = self
+                    .run(redis::cmd("LLEN").arg(consumer_processing_list(queue, &id)))
+                    .await?;
+                if n > 0 {
+                    let left = expiry.unwrap_or(0).saturating_sub(now).max(0);
+                    held.push(HeldElsewhere::new(
+                        id,
+                        n,
+                        Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+                    ));
+                }
+            }
+            Ok(held)
         })
     }
 

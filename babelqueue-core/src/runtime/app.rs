@@ -61,6 +61,11 @@ pub enum PublishError {
 ///   attempt counted, never dead-lettered for it; the message goes back to the queue after
 ///   the [store backoff](Self::store_backoff), and every worker pauses while the store
 ///   stays down.
+/// - **The store write a successful handler owes** (`remember` / `complete`) fails or
+///   hangs → kept with the message: retried after the store backoff until the store
+///   answers, then the ack goes. The message stays unacked meanwhile and a duplicate in
+///   this process waits for the id's turn; only a shutdown past its grace period (or a
+///   crash) leaves it, unacked, for recovery.
 /// - **[`InFlight`](crate::InFlight)** (lease mode: another worker holds the id) → put back
 ///   unchanged after [`in_flight_delay`](Self::in_flight_delay), no attempt counted.
 /// - **The broker fails** while settling (ack, requeue, dead-letter publish) → retried with
@@ -117,6 +122,7 @@ pub struct App {
     // issue 22 (payload schemas): set by `App::schemas` (in `crate::schema`).
     #[cfg(feature = "schema")]
     pub(crate) schemas: Option<Arc<crate::schema::Schemas>>,
+    pub(crate) readiness: Arc<super::ctx::ReadinessState>,
 }
 
 impl std::fmt::Debug for App {
@@ -172,6 +178,7 @@ impl App {
             observer: None,
             #[cfg(feature = "schema")]
             schemas: None,
+            readiness: Arc::default(),
         }
     }
 
@@ -316,9 +323,12 @@ impl App {
     /// How long one call to the dedupe store inside the guard may take (default 10 s).
     /// A `seen` / `claim` that has not answered by then (a lost connection, a table lock)
     /// is cut and treated as the store being unavailable: the message goes back to the
-    /// queue, no attempt counted. A `remember` / `complete` that hangs after the handler
-    /// succeeded is cut too, and the message acked (logged: a redelivery may run it
-    /// again). Async guards only: a sync store call cannot be cut.
+    /// queue, no attempt counted. A `remember` / `complete` owed after the handler
+    /// succeeded that fails or hangs is cut too, and tried again after the
+    /// [store backoff](Self::store_backoff) until the store answers: the message stays
+    /// unacked and the id's turn held meanwhile, so the write is never dropped while the
+    /// consumer lives. Async guards only: a sync store call cannot be cut (a sync guard's
+    /// failed write is retried the same way).
     #[must_use]
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.config.store_timeout = timeout;
@@ -465,7 +475,25 @@ impl App {
             self.dead_letter_queue_name(),
             config,
             self.observer.clone(),
+            Arc::clone(&self.readiness),
         )
+    }
+
+    /// Whether this app is ready to work, for a readiness probe: consuming (a
+    /// [`run`](Self::run_until) or [`drain`](Self::drain) of it or of a clone is under
+    /// way) and its dedupe store answering. A consumer started while its store is down
+    /// starts anyway, reports itself not ready (here, with a `tracing` warning, and in the
+    /// `babelqueue_ready` gauge with feature `metrics`), puts back what it cannot check
+    /// without counting an attempt, and begins work when the store answers.
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{App, InMemoryTransport};
+    /// let app = App::new(InMemoryTransport::new());
+    /// assert!(!app.readiness().is_ready(), "not consuming yet");
+    /// assert!(app.readiness().store_available);
+    /// ```
+    pub fn readiness(&self) -> super::report::Readiness {
+        self.readiness.get()
     }
 
     /// The transport.
@@ -528,6 +556,15 @@ impl App {
     /// Processes messages until the queue is empty, none of its messages is delayed
     /// (retries, deferrals, releases waiting for their time) and nothing is in flight in
     /// this consumer; returns the counts. For tests and one-shot jobs.
+    ///
+    /// Messages another consumer holds in its own in-flight list
+    /// ([`Transport::held_elsewhere`]; Redis) are waited for too: a consumer killed while
+    /// holding them is recovered once its heartbeat expires, and the drain then handles
+    /// them. The wait is bounded: the longest heartbeat time left when first seen, plus
+    /// two [recovery intervals](Self::recovery_interval). A consumer still renewing its
+    /// heartbeat past that (alive, or stuck) keeps its messages: the drain ends, logs a
+    /// warning per consumer and lists them in [`Stats::left_in_flight`] (consumer id and
+    /// count; a consumer running once the heartbeat expires recovers them).
     ///
     /// First it checks that the router holds every handler's shared state
     /// ([`check_state`](Self::check_state)); if not, it returns at once, with nothing

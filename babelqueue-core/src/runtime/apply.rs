@@ -52,11 +52,14 @@ fn jitter_sample() -> f64 {
 /// put-back delay), an answer ends the pause.
 fn store_pause(ctx: &Ctx, happened: Happened) -> Duration {
     match happened {
-        Happened::StoreUnavailable => ctx
-            .store
-            .failed(ctx.config.store_backoff_min, ctx.config.store_backoff_max),
+        Happened::StoreUnavailable => {
+            ctx.readiness.store(&ctx.config.queue, true);
+            ctx.store
+                .failed(ctx.config.store_backoff_min, ctx.config.store_backoff_max)
+        }
         Happened::Succeeded | Happened::Skipped | Happened::Failed { .. } => {
             ctx.store.ok();
+            ctx.readiness.store(&ctx.config.queue, false);
             Duration::ZERO
         }
         _ => Duration::ZERO,
@@ -129,7 +132,9 @@ async fn send_owed_writes(ctx: &Ctx, deferred: Deferred) -> Deferred {
             .until_done("remember", || ctx.transport.apply_writes(&deferred.writes))
             .await
     {
-        tracing::warn!(%error, "remembering a guarded id failed; a redelivery may run it again");
+        // Retried until done: only the end of the shutdown grace period stops it (the
+        // settlement that follows stops there too and leaves the message unacked).
+        tracing::warn!(%error, "remembering a guarded id was cut by the shutdown; the message is left for recovery");
     }
     Deferred::default()
 }

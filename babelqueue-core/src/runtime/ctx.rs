@@ -70,6 +70,48 @@ impl StoreHealth {
     }
 }
 
+/// What [`Readiness`](super::Readiness) reads: shared by an app's clones and runs.
+#[derive(Debug, Default)]
+pub(crate) struct ReadinessState {
+    pub(crate) consuming: AtomicU32,
+    pub(crate) store_down: AtomicBool,
+}
+
+impl ReadinessState {
+    pub(crate) fn get(&self) -> super::report::Readiness {
+        super::report::Readiness {
+            consuming: self.consuming.load(Ordering::SeqCst) > 0,
+            store_available: !self.store_down.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The store failed (`down`) or answered: logs and gauges a change.
+    pub(crate) fn store(&self, queue: &str, down: bool) {
+        if self.store_down.swap(down, Ordering::SeqCst) == down {
+            return;
+        }
+        if down {
+            tracing::warn!(
+                queue,
+                "the dedupe store is unavailable: this consumer is not ready (reserving pauses; messages stay on the queue until the store answers)"
+            );
+        } else {
+            tracing::info!(queue, "the dedupe store answers again: ready");
+        }
+        super::metrics::ready(queue, self.get().is_ready());
+    }
+
+    /// A consume started (`true`) or ended.
+    pub(crate) fn consuming(&self, queue: &str, on: bool) {
+        if on {
+            self.consuming.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.consuming.fetch_sub(1, Ordering::SeqCst);
+        }
+        super::metrics::ready(queue, self.get().is_ready());
+    }
+}
+
 /// What every worker of one consume shares.
 pub(crate) struct Ctx {
     pub transport: Arc<dyn Transport>,
@@ -78,7 +120,7 @@ pub(crate) struct Ctx {
     pub config: Config,
     pub observer: Option<Observer>,
     pub policy: Policy,
-    pub store: StoreHealth,
+    pub store: Arc<StoreHealth>,
     /// The shutdown grace period ended: stop retrying, leave messages in flight.
     pub hard_stop: AtomicBool,
     pub hard_notify: Notify,
@@ -86,6 +128,8 @@ pub(crate) struct Ctx {
     pub pipeline_server: Option<Arc<str>>,
     /// Acks wait for the worker's next reserve and go with it (one round trip).
     pub defer_acks: bool,
+    /// The app's readiness (shared with its clones).
+    pub readiness: Arc<ReadinessState>,
 }
 
 impl Ctx {
@@ -95,6 +139,7 @@ impl Ctx {
         dlq: String,
         config: Config,
         observer: Option<Observer>,
+        readiness: Arc<ReadinessState>,
     ) -> Self {
         let policy = Policy {
             retry: config.retry,
@@ -115,10 +160,30 @@ impl Ctx {
             config,
             observer,
             policy,
-            store: StoreHealth::default(),
+            store: Arc::default(),
             hard_stop: AtomicBool::new(false),
             hard_notify: Notify::new(),
+            readiness,
         }
+    }
+
+    /// What a guard's owed write tells when it fails (`true`: the store is down, reserving
+    /// pauses for the store backoff, not ready) and when it lands after failing.
+    pub(crate) fn store_down_hook(&self) -> crate::inflight::StoreDownHook {
+        let (health, readiness) = (Arc::clone(&self.store), Arc::clone(&self.readiness));
+        let (queue, min, max) = (
+            self.config.queue.clone(),
+            self.config.store_backoff_min,
+            self.config.store_backoff_max,
+        );
+        crate::inflight::StoreDownHook(Arc::new(move |down| {
+            if down {
+                health.failed(min, max);
+            } else {
+                health.ok();
+            }
+            readiness.store(&queue, down);
+        }))
     }
 
     pub(crate) fn hard_stopped(&self) -> bool {

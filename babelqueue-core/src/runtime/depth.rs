@@ -35,3 +35,35 @@ impl QueueDepth {
         }
     }
 }
+
+/// Messages in flight with *another* consumer of a queue, in its own list
+/// ([`Transport::held_elsewhere`](super::Transport::held_elsewhere)): what a one-shot
+/// [`drain`](super::App::drain) waits for before it ends, and reports in
+/// [`Stats::left_in_flight`](super::Stats::left_in_flight) when the wait ran out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldElsewhere {
+    /// The consumer's id (Redis: its processing list is `{<queue>}:processing:<id>`).
+    pub consumer: String,
+    /// How many messages its list holds.
+    pub messages: u64,
+    /// How long until its heartbeat expires as registered (zero: already expired, or it
+    /// left with messages: the next recovery pass returns them to the queue).
+    pub expires_in: std::time::Duration,
+}
+
+impl HeldElsewhere {
+    /// The messages `consumer` holds (the struct is `#[non_exhaustive]`, so other crates
+    /// build it here).
+    pub fn new(
+        consumer: impl Into<String>,
+        messages: u64,
+        expires_in: std::time::Duration,
+    ) -> Self {
+        HeldElsewhere {
+            consumer: consumer.into(),
+            messages,
+            expires_in,
+        }
+    }
+}

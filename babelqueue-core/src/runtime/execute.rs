@@ -24,7 +24,7 @@ use super::transport::{Delivery, Transport};
 use crate::envelope::{DeadLetterReason, Envelope};
 use crate::guard::Outcome;
 use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, UnknownUrn};
-use crate::inflight::{self, Deferred, Phase, StoreProbe};
+use crate::inflight::{self, Deferred, OwedRetry, Phase, StoreProbe};
 use crate::lease::InFlight;
 
 /// A handler's future with panics turned into a failure.
@@ -63,9 +63,6 @@ enum Called {
     Output(HandlerOutput),
     /// `seen` / `claim` did not answer within the store timeout.
     StoreTimeout(Duration),
-    /// `remember` / `complete` did not answer within the store timeout (the handler had
-    /// succeeded).
-    RememberTimeout,
     HandlerTimeout(Duration),
 }
 
@@ -78,6 +75,15 @@ async fn run_handler(
     probe: &Arc<StoreProbe>,
     replay: bool,
 ) -> Called {
+    // However this call ends (returned, cut by a timeout, or dropped at the end of the
+    // shutdown grace period), a sync guard still retrying its owed write stops.
+    struct Abandon<'a>(&'a StoreProbe);
+    impl Drop for Abandon<'_> {
+        fn drop(&mut self) {
+            self.0.abandon();
+        }
+    }
+    let _abandon = Abandon(probe);
     let started = Instant::now();
     let store_timeout = ctx.config.store_timeout;
     let handler_timeout = ctx.config.handler_timeout;
@@ -90,8 +96,10 @@ async fn run_handler(
     loop {
         let (phase, since, own) = probe.phase();
         let wake = match phase {
-            Phase::StoreBefore | Phase::StoreAfter => Some(since + store_timeout),
-            Phase::Waiting => None,
+            Phase::StoreBefore => Some(since + store_timeout),
+            // The guard retries the write it owes itself, each try cut at the store
+            // timeout, until the store answers (the message stays unacked meanwhile).
+            Phase::StoreAfter | Phase::Waiting => None,
             Phase::Idle => handler_timeout.map(|t| own.unwrap_or(started).max(started) + t),
         };
         if let Some(at) = wake
@@ -99,7 +107,6 @@ async fn run_handler(
         {
             return match phase {
                 Phase::StoreBefore => Called::StoreTimeout(store_timeout),
-                Phase::StoreAfter => Called::RememberTimeout,
                 _ => Called::HandlerTimeout(handler_timeout.unwrap_or_default()),
             };
         }
@@ -122,12 +129,6 @@ fn classify(called: Called, probe: &StoreProbe) -> Verdict {
     match called {
         Called::Output(Ok(Some(Outcome::Skipped))) => Verdict::ok(Happened::Skipped),
         Called::Output(Ok(_)) => Verdict::ok(Happened::Succeeded),
-        Called::RememberTimeout => {
-            tracing::warn!(
-                "the handler succeeded but remembering its id did not answer in time; acking (a redelivery may run it again)"
-            );
-            Verdict::ok(Happened::Succeeded)
-        }
         Called::StoreTimeout(t) => {
             let e = StoreTimeout(t);
             Verdict {
@@ -266,7 +267,15 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
     }
     let id = envelope.meta.id.clone();
     let keep = ctx.observer.is_some().then(|| envelope.clone());
-    let probe = Arc::new(StoreProbe::with_pipeline(ctx.pipeline_server.clone()));
+    let probe = Arc::new(
+        StoreProbe::with_pipeline(ctx.pipeline_server.clone())
+            .owed_retry(OwedRetry {
+                timeout: ctx.config.store_timeout,
+                min: ctx.config.store_backoff_min,
+                max: ctx.config.store_backoff_max,
+            })
+            .on_store_down(ctx.store_down_hook()),
+    );
     let urn = handler.urn().to_owned();
     let started = Instant::now();
     let replay = crate::replay::headers_are_replay(delivery.headers());

@@ -15,6 +15,7 @@
 //! | `babelqueue_queue_depth` | gauge | `queue`, `state` | messages in the queue, `state` = `ready`, `delayed` or `in_flight` (every consumer), sampled every heartbeat interval |
 //! | `babelqueue_store_call_duration_seconds` | histogram | `store`, `op` | dedupe-store call latency, through `Metered` |
 //! | `babelqueue_store_errors_total` | counter | `store`, `op` | dedupe-store calls that failed, through `Metered` |
+//! | `babelqueue_ready` | gauge | `queue` | 1 while the consumer is consuming and its dedupe store answers, else 0 ([`App::readiness`](super::App::readiness)) |
 //!
 //! Label values: `outcome` is one of `succeeded`, `skipped`, `retried`, `dead_lettered`,
 //! `dropped`, `released`, `deferred`, `requeued`, `stranded` (see
@@ -61,6 +62,18 @@ pub const QUEUE_DEPTH: &str = "babelqueue_queue_depth";
 pub const STORE_CALL_DURATION_SECONDS: &str = "babelqueue_store_call_duration_seconds";
 /// Counter `{store, op}`: dedupe-store calls that failed (through `Metered`).
 pub const STORE_ERRORS_TOTAL: &str = "babelqueue_store_errors_total";
+/// Gauge `{queue}`: 1 while the consumer is ready (consuming, its dedupe store
+/// answering), 0 otherwise (see [`App::readiness`](super::App::readiness)).
+pub const READY: &str = "babelqueue_ready";
+
+/// Sets the readiness gauge of `queue`.
+#[cfg_attr(not(feature = "metrics"), inline(always))]
+pub(crate) fn ready(queue: &str, ready: bool) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(READY, "queue" => queue.to_owned()).set(if ready { 1.0 } else { 0.0 });
+    #[cfg(not(feature = "metrics"))]
+    let _ = (queue, ready);
+}
 
 /// Records one settled delivery.
 #[cfg_attr(not(feature = "metrics"), inline(always))]

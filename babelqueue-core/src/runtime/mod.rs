@@ -64,13 +64,13 @@ mod worker;
 
 pub use app::{App, DrainError, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
-pub use depth::QueueDepth;
+pub use depth::{HeldElsewhere, QueueDepth};
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};
 pub use memory::InMemoryTransport;
 pub use observe::publish_traced;
-pub use report::{Disposition, Report, Stats};
+pub use report::{Disposition, Readiness, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
     ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Transport,

@@ -107,6 +107,11 @@ pub struct Stats {
     pub unacked: u64,
     /// Transport errors seen by the reserve loop (each followed by a backoff).
     pub transport_errors: u64,
+    /// A drain only: messages it ended without, left in the in-flight lists of other
+    /// consumers whose heartbeat had not expired when its wait for them ran out (see
+    /// [`App::drain`](super::App::drain)); a consumer running once the heartbeat
+    /// expired recovers them. Empty when nothing was left.
+    pub left_in_flight: Vec<super::depth::HeldElsewhere>,
 }
 
 impl Stats {
@@ -127,6 +132,7 @@ impl Stats {
         self.acked += o.acked;
         self.unacked += o.unacked;
         self.transport_errors += o.transport_errors;
+        self.left_in_flight.extend(o.left_in_flight.iter().cloned());
     }
 
     pub(crate) fn record(&mut self, r: &Report) {
@@ -158,6 +164,31 @@ impl Stats {
         } else {
             self.unacked += 1;
         }
+    }
+}
+
+/// Whether a consumer is ready to work, for a readiness probe
+/// ([`App::readiness`](super::App::readiness)).
+///
+/// A consumer started while its dedupe store is down does not exit: it starts, reports
+/// itself not ready (here, in the `babelqueue_ready` gauge with feature `metrics`, and
+/// with a `tracing` warning), keeps the messages it cannot check on the queue, and begins
+/// work when the store answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Readiness {
+    /// A [`run`](super::App::run_until) or [`drain`](super::App::drain) of this app is
+    /// consuming (its consumer was started and it has not stopped).
+    pub consuming: bool,
+    /// The dedupe store answered the last guard call that needed it (`false` from a
+    /// store failure or timeout until the next answer).
+    pub store_available: bool,
+}
+
+impl Readiness {
+    /// Consuming, with the store answering.
+    pub fn is_ready(&self) -> bool {
+        self.consuming && self.store_available
     }
 }
 

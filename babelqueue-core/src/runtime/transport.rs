@@ -694,6 +694,20 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// What the *other* consumers of `queue` hold in their own in-flight lists (only the
+    /// non-empty ones), with the time left on each one's heartbeat: a one-shot drain
+    /// that found the queue empty waits for those of consumers whose heartbeat has not
+    /// expired (a killed consumer's list is recovered once it expires) before it ends,
+    /// and reports what it left when the wait ran out. Default: `Ok(vec![])` (a broker
+    /// that puts a dead consumer's messages back by itself).
+    fn held_elsewhere<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<super::depth::HeldElsewhere>, TransportError>> {
+        let _ = queue;
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     /// Graceful stop of the consumer [`start_consumer`](Self::start_consumer) started on
     /// `queue`: its background work ends (Redis: the heartbeat is deregistered; in-flight
     /// messages it still holds, if any, stay where they are for the other consumers'
@@ -861,6 +875,12 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
     }
     fn leave<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
         T::leave(self, queue)
+    }
+    fn held_elsewhere<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<super::depth::HeldElsewhere>, TransportError>> {
+        T::held_elsewhere(self, queue)
     }
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueDepth, TransportError>> {
         T::depth(self, queue)

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ctx::Ctx;
+use super::depth::HeldElsewhere;
 use super::execute::{PendingAck, Processed, process, settle_exhausted};
 use super::report::{Disposition, DrainError, Report, Stats};
 use super::transport::{ConsumerEvent, ConsumerOptions, Delivery, EventSink, TransportError};
@@ -52,6 +53,10 @@ struct Shared {
     maint_stop: AtomicBool,
     /// Stops the background task.
     bg_stop: Notify,
+    /// Drain: until when it waits for other consumers' lists (set when first seen).
+    held_deadline: Mutex<Option<Instant>>,
+    /// Drain: what it ended without (other consumers' lists, after the wait).
+    left: Mutex<Vec<HeldElsewhere>>,
 }
 
 impl Shared {
@@ -180,7 +185,7 @@ impl Shared {
     async fn drain_end(&self) -> Result<bool, TransportError> {
         let queue = &self.ctx.config.queue;
         match self.ctx.transport.next_due(queue).await? {
-            None => Ok(true),
+            None => self.drain_end_elsewhere().await,
             Some(wait) => {
                 tracing::debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "drain: waiting for delayed messages");
                 tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
@@ -188,6 +193,53 @@ impl Shared {
                 Ok(false)
             }
         }
+    }
+}
+
+impl Shared {
+    /// Drain, nothing left here: messages in other consumers' lists (a killed consumer
+    /// whose heartbeat has not expired yet) are waited for, until the bound (the longest
+    /// heartbeat time left when first seen, plus two recovery intervals: time for the
+    /// maintenance to return them to the queue); then they are logged and reported.
+    async fn drain_end_elsewhere(&self) -> Result<bool, TransportError> {
+        let config = &self.ctx.config;
+        let queue = &config.queue;
+        let held = self.ctx.transport.held_elsewhere(queue).await?;
+        if held.is_empty() {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        let deadline = *lock(&self.held_deadline).get_or_insert_with(|| {
+            let longest = held.iter().map(|h| h.expires_in).max().unwrap_or_default();
+            let until = now + longest + config.recovery_interval * 2;
+            let messages: u64 = held.iter().map(|h| h.messages).sum();
+            tracing::info!(
+                queue = %queue,
+                messages,
+                consumers = held.len(),
+                wait_ms = (until - now).as_millis() as u64,
+                "drain: the queue is empty but other consumers hold messages; waiting for their heartbeats to expire and their lists to be recovered"
+            );
+            until
+        });
+        if now < deadline {
+            let step = (config.recovery_interval / 4)
+                .clamp(Duration::from_millis(10), Duration::from_secs(1))
+                .min(deadline - now);
+            tokio::time::sleep(step).await;
+            return Ok(false);
+        }
+        for h in &held {
+            tracing::warn!(
+                queue = %queue,
+                consumer = %h.consumer,
+                messages = h.messages,
+                heartbeat_expires_in_ms = h.expires_in.as_millis() as u64,
+                "drain ended leaving messages in the in-flight list of another consumer (its heartbeat has not expired): a consumer running once it expires recovers them"
+            );
+        }
+        *lock(&self.left) = held;
+        Ok(true)
     }
 }
 
@@ -361,6 +413,8 @@ where
         gave_up: Mutex::new(None),
         maint_stop: AtomicBool::new(false),
         bg_stop: Notify::new(),
+        held_deadline: Mutex::new(None),
+        left: Mutex::new(Vec::new()),
     });
     let mut stats = Stats::default();
 
@@ -377,6 +431,7 @@ where
         tracing::warn!(%error, "starting the consumer failed; reserving anyway");
     }
     drop(options);
+    shared.ctx.readiness.consuming(&queue, true);
     let maint = tokio::spawn(background(Arc::clone(&shared), events));
 
     let mut workers = JoinSet::new();
@@ -424,6 +479,7 @@ where
     while let Some(done) = workers.join_next().await {
         merge(done, &mut stats);
     }
+    shared.ctx.readiness.consuming(&queue, false);
     if let Err(error) = transport.leave(&queue).await {
         tracing::warn!(%error, "leaving the consumer registry failed; the heartbeat expires by itself");
     }
@@ -433,6 +489,9 @@ where
         Ok(s) => stats.merge(&s),
         Err(e) => tracing::error!(error = %e, "the consumer's background task failed"),
     }
+    stats
+        .left_in_flight
+        .extend(std::mem::take(&mut *lock(&shared.left)));
     let gave_up = lock(&shared.gave_up).take();
     match gave_up {
         Some(error) => Err(DrainError { error, stats }),
