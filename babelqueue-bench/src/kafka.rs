@@ -145,6 +145,8 @@ where
             skips: stats.skipped,
             redis_cmds: 0,
             redis_reads: 0,
+            client_cpu: 0.0,
+            server_cpu: 0.0,
         };
         // Against the records loaded, not the high watermarks: tansu 0.6 reports a
         // partition's watermark as its last batch's base offset + 1 (the loader batches).

@@ -15,9 +15,13 @@
 //! and that every list of the queue is empty afterwards; it counts the Redis commands the
 //! server executed per delivery (`INFO commandstats`, before and after; commands run inside
 //! scripts are counted too, and so is anything else talking to that server at the time).
+//! On the Redis broker it also measures, over the timed drain only, the consumer
+//! process's CPU time (user + system, `getrusage`) and the Redis server's (`INFO cpu`).
 //! The last line is
-//! `deliveries=.. msgs_per_s=.. effects=.. skips=.. redis_cmds_per_delivery=..`
-//! with the median run's figures.
+//! `deliveries=.. msgs_per_s=.. effects=.. skips=.. redis_cmds_per_delivery=..
+//! redis_reads_per_delivery=.. client_cpu_us_per_delivery=.. server_cpu_share=..` with the
+//! median run's figures (`server_cpu_share`: the server's CPU seconds per second of the
+//! drain, 1.00 = one core; the last two on the Redis broker only).
 //!
 //! `--broker amqp` runs the same workload on RabbitMQ (`--amqp-url`): each run loads the
 //! bytes onto a fresh queue `bench.payments.<uuid>` (the family's projection, persistent,
@@ -189,6 +193,12 @@ struct Run {
     /// Read events the server processed (`INFO stats` `total_reads_processed`): about one
     /// per round trip of a client that waits for each reply.
     redis_reads: u64,
+    /// CPU time (user + system) of this process while it drained, in seconds (Redis
+    /// broker only; 0 elsewhere).
+    client_cpu: f64,
+    /// CPU time the Redis server used meanwhile (`INFO cpu`), in seconds (Redis broker
+    /// only; 0 elsewhere).
+    server_cpu: f64,
 }
 
 impl Run {
@@ -220,6 +230,34 @@ fn workload(n: usize, dup_frac: f64, seed: u64) -> Result<Vec<Vec<u8>>, BoxError
     all.extend(picks[..d].iter().map(|&i| originals[i].clone()));
     all.shuffle(&mut rng);
     Ok(all)
+}
+
+/// CPU time (user + system) this process has used so far (`getrusage`).
+fn process_cpu() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the rusage it is pointed at and reports failure by its result.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return 0.0;
+    }
+    // SAFETY: initialized by the successful call above (and zeroed before it).
+    let usage = unsafe { usage.assume_init() };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// The CPU time the Redis server has used (`used_cpu_user` + `used_cpu_sys` of `INFO
+/// cpu`), in seconds.
+async fn server_cpu(conn: &mut MultiplexedConnection) -> Result<f64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    match (field("used_cpu_user:"), field("used_cpu_sys:")) {
+        (Some(u), Some(s)) => Ok(u + s),
+        _ => Err("INFO cpu has no used_cpu_user / used_cpu_sys".into()),
+    }
 }
 
 /// `total_reads_processed` of `INFO stats` (one per request batch the server read).
@@ -462,6 +500,8 @@ where
                 skips: 0,
                 redis_cmds: 0,
                 redis_reads: 0,
+                client_cpu: 0.0,
+                server_cpu: 0.0,
             });
         }
         let transport = AmqpTransport::open(&args.amqp_url).await?;
@@ -490,6 +530,8 @@ where
             skips: stats.skipped,
             redis_cmds,
             redis_reads,
+            client_cpu: 0.0,
+            server_cpu: 0.0,
         };
         let left = match amqp::ready(&admin, &queue).await? {
             Some(0) => String::new(),
@@ -550,6 +592,8 @@ where
             skips: stats.skipped,
             redis_cmds,
             redis_reads,
+            client_cpu: 0.0,
+            server_cpu: 0.0,
         };
         let left = match sqs::left(&transport, &queue).await? {
             0 => String::new(),
@@ -591,9 +635,13 @@ where
     );
     let before = commands_processed(raw).await?;
     let reads_before = reads_processed(raw).await?;
+    let server_before = server_cpu(raw).await?;
+    let cpu_before = process_cpu();
     let start = Instant::now();
     let stats = app.drain().await?;
     let secs = start.elapsed().as_secs_f64();
+    let client_cpu = process_cpu() - cpu_before;
+    let server_after = server_cpu(raw).await?;
     let reads_after = reads_processed(raw).await?;
     let after = commands_processed(raw).await?;
     let run = Run {
@@ -602,8 +650,10 @@ where
         effects: effects.load(Ordering::Relaxed),
         skips: stats.skipped,
         redis_cmds: after - before,
-        // The two INFO calls between the marks are left out.
-        redis_reads: (reads_after - reads_before).saturating_sub(1),
+        // The four INFO calls between the marks are left out.
+        redis_reads: (reads_after - reads_before).saturating_sub(3),
+        client_cpu,
+        server_cpu: server_after - server_before,
     };
     let n = args.n as u64;
     let d = bodies.len() as u64 - n;
@@ -697,7 +747,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
             }
         };
         eprintln!(
-            "run {}/{}: {} deliveries in {:.3} s = {:.0}/s, effects={} skips={} redis_cmds={} redis_reads={}",
+            "run {}/{}: {} deliveries in {:.3} s = {:.0}/s, effects={} skips={} redis_cmds={} redis_reads={} client_cpu={:.3}s server_cpu={:.3}s",
             i + 1,
             args.runs,
             run.deliveries,
@@ -706,7 +756,9 @@ async fn bench(args: Args) -> Result<(), BoxError> {
             run.effects,
             run.skips,
             run.redis_cmds,
-            run.redis_reads
+            run.redis_reads,
+            run.client_cpu,
+            run.server_cpu
         );
         runs.push(run);
     }
@@ -731,8 +783,17 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         !args.no_pipelining,
         args.nodelay
     );
+    let cpu = if median.client_cpu > 0.0 {
+        format!(
+            " client_cpu_us_per_delivery={:.2} server_cpu_share={:.2}",
+            median.client_cpu * 1e6 / median.deliveries as f64,
+            median.server_cpu / median.secs
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2} redis_reads_per_delivery={:.2}",
+        "deliveries={} msgs_per_s={:.0} effects={} skips={} redis_cmds_per_delivery={:.2} redis_reads_per_delivery={:.2}{cpu}",
         median.deliveries,
         median.rate(),
         median.effects,
