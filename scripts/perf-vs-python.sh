@@ -80,12 +80,14 @@ field() { # line name
   sed -n "s/.*[[:space:]]\?$2=\([0-9.]*\).*/\1/p" <<<"$1" | head -1
 }
 record() { # label line
-  local rate cmds reads
+  local rate cmds reads cpu share
   rate=$(field "$2" msgs_per_s)
   cmds=$(field "$2" redis_cmds_per_delivery)
   reads=$(field "$2" redis_reads_per_delivery)
+  cpu=$(field "$2" client_cpu_us_per_delivery)
+  share=$(field "$2" server_cpu_share)
   [ -n "$rate" ] || { echo "no figures from $1: $2" >&2; exit 1; }
-  printf '%s\t%s\t%s\t%s\n' "$1" "$rate" "$cmds" "${reads:-nan}" >>"$results"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$rate" "$cmds" "${reads:-nan}" "${cpu:-nan}" "${share:-nan}" >>"$results"
   printf '  %-26s %s\n' "$1" "$2"
 }
 rust() { # concurrency mode [extra flag]
@@ -105,14 +107,24 @@ for run in $(seq 1 "$RUNS"); do
   record "rust c1 seen" "$(rust 1 seen)"
   record "rust c8 seen" "$(rust 8 seen)"
   record "rust c8 lease" "$(rust 8 lease)"
+  record "rust c32 seen" "$(rust 32 seen)"
+  record "rust c32 lease" "$(rust 32 lease)"
   record "rust c1 seen unpipelined" "$(rust 1 seen --no-pipelining)"
   record "rust c8 seen unpipelined" "$(rust 8 seen --no-pipelining)"
   record "rust c8 lease unpipelined" "$(rust 8 lease --no-pipelining)"
   ping=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$PORT" -c 1 -n 20000 -t ping -q \
     | sed -n 's/.*PING_MBULK: \([0-9.]*\) requests.*/\1/p' | head -1)
   [ -n "$ping" ] || { echo "redis-benchmark printed no PING_MBULK figure" >&2; exit 1; }
-  printf 'redis-benchmark -c 1\t%s\t1\t1\n' "$ping" >>"$results"
+  printf 'redis-benchmark -c 1\t%s\t1\t1\tnan\tnan\n' "$ping" >>"$results"
   printf '  %-26s %s requests/s\n' "redis-benchmark -c 1" "$ping"
+  # The server's ceiling for simple commands like the consumer's (a key read, a key write,
+  # a list push and pop), pipelined 32 deep over 8 connections: requests/s, averaged.
+  piped=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$PORT" -c 8 -P 32 -n 400000 -r 1000000 \
+    -t get,set,lpush,lpop -q | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' \
+    | awk '{ s += $1; n += 1 } END { if (n) printf "%.0f", s / n }')
+  [ -n "$piped" ] || { echo "redis-benchmark -P 32 printed no figure" >&2; exit 1; }
+  printf 'redis-benchmark -P 32\t%s\t1\t1\tnan\tnan\n' "$piped" >>"$results"
+  printf '  %-26s %s requests/s (get, set, lpush, lpop)\n' "redis-benchmark -P 32" "$piped"
 done
 
 python3 - "$results" "$N" "$D" <<'PY'
@@ -120,9 +132,11 @@ import statistics, sys
 from collections import defaultdict
 path, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rates, cmds, reads = defaultdict(list), defaultdict(list), defaultdict(list)
+cpus, shares = defaultdict(list), defaultdict(list)
 for line in open(path):
-    label, rate, c, r = line.rstrip("\n").split("\t")
+    label, rate, c, r, cpu, share = line.rstrip("\n").split("\t")
     rates[label].append(float(rate)); cmds[label].append(float(c)); reads[label].append(float(r))
+    cpus[label].append(float(cpu)); shares[label].append(float(share))
 med = {k: statistics.median(v) for k, v in rates.items()}
 rps = med["redis-benchmark -c 1"]
 rtt_us = 1e6 / rps
@@ -133,14 +147,26 @@ print()
 print(f"medians of {len(rates['python c1 seen'])} runs; N={n}, D={d}; "
       f"round trip {rtt_us:.0f} us (redis-benchmark -c 1: {rps:.0f}/s); "
       f"one-at-a-time ceiling for 3+2 round trips: {ceiling:.0f} deliveries/s")
+piped = med["redis-benchmark -P 32"]
+print(f"server ceiling: redis-benchmark -P 32 -c 8 (get, set, lpush, lpop) {piped:.0f} requests/s; "
+      f"at 3.67 commands per delivery about {piped / 3.67:.0f} deliveries/s")
 print(f"{'consumer':<26} {'deliveries/s':>13} {'vs python':>10} {'vs ceiling':>11} "
-      f"{'round trips/delivery':>21} {'commands/delivery':>18}")
+      f"{'round trips/delivery':>21} {'commands/delivery':>18} {'client CPU us/delivery':>23} "
+      f"{'server CPU share':>17}")
+def cell(values, fmt):
+    m = statistics.median(values)
+    return "" if m != m else format(m, fmt)  # nan: not measured (the Python SDK)
 for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease",
+              "rust c32 seen", "rust c32 lease",
               "rust c1 seen unpipelined", "rust c8 seen unpipelined",
               "rust c8 lease unpipelined"):
     m = med[label]
     print(f"{label:<26} {m:>13.0f} {m / py:>9.2f}x {m / ceiling:>10.2f}x "
-          f"{statistics.median(reads[label]):>21.2f} {statistics.median(cmds[label]):>18.2f}")
+          f"{statistics.median(reads[label]):>21.2f} {statistics.median(cmds[label]):>18.2f} "
+          f"{cell(cpus[label], '.1f'):>23} {cell(shares[label], '.2f'):>17}")
 print("round trips/delivery: the server's read events (INFO stats total_reads_processed) per "
       "delivery; with 8 workers on one multiplexed connection several requests share a read.")
+print("client CPU us/delivery: the Rust bench process's user + system CPU time over the timed drain "
+      "(getrusage) per delivery; server CPU share: the Redis server's CPU seconds (INFO cpu) per "
+      "second of the drain (1.00 = one core).")
 PY
