@@ -7,6 +7,8 @@ every charge the consumers printed.
 
     python3 scripts/soak.py --duration 120                # what .ci/run runs
     python3 scripts/soak.py --duration 900 --seed 7       # the 15-minute soak
+    python3 scripts/soak.py --duration 0 --payments 300 --consumers 2 --mode seen \
+        --gateway-delay-ms 20                             # no faults: what seen-set mode holds
 
 Everything runs on ports of its own (--port-base, default 17600: broker, store, proxy) and in
 a temporary directory; nothing touches the shared services. The consumers are the payments
@@ -170,7 +172,7 @@ class Fleet:
     def start(self, slot):
         inc = self.next_incarnation
         self.next_incarnation += 1
-        cmd = [self.args.bin, "consume", "--follow", "--mode", "lease",
+        cmd = [self.args.bin, "consume", "--follow", "--mode", self.args.mode,
                "--lease", self.args.lease, "--heartbeat", "1s", "--store", "redis",
                "--concurrency", str(self.args.concurrency),
                "--gateway-delay-ms", str(self.args.gateway_delay_ms)]
@@ -227,6 +229,9 @@ def main():
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--lease", default="5s")
+    ap.add_argument("--mode", choices=["lease", "seen"], default="lease",
+                    help="the guard's mode (seen: the family's seen-set, which does not "
+                         "protect duplicates that overlap in time across processes)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port-base", type=int, default=17600)
     ap.add_argument("--bin", default="target/debug/examples/payments")
@@ -344,7 +349,7 @@ def main():
     left = broker_left or left
     print()
     print(f"soak: seed {args.seed}, {args.duration:.0f} s of faults, {args.payments} payments x 2, "
-          f"{args.consumers} consumers (lease mode)")
+          f"{args.consumers} consumers ({args.mode} mode, gateway {args.gateway_delay_ms} ms)")
     print("faults injected:")
     for kind, n in sorted(kinds.items()):
         print(f"  {n:4d}  {kind}")
