@@ -1,5 +1,5 @@
 //! A 64 MiB body is dead-lettered as `poison` (over the size limit, not decoded) and the
-//! consumer's memory grows by less than twice the body while it does so.
+//! consumer's memory grows by at most 1.5 times the body while it does so (issue 23).
 //!
 //! What is measured: the bytes live on the heap of this test process, counted by a global
 //! allocator wrapper (peak of `allocated - freed`), from the moment the body sits in the
@@ -53,22 +53,29 @@ static ALLOC: Counting = Counting;
 
 const MIB: usize = 1024 * 1024;
 
-#[tokio::test(flavor = "current_thread")]
-#[ignore = "slow: builds and scans 64 MiB (about 45 s in a debug build); CI runs it with --include-ignored"]
-async fn a_64_mib_body_is_poison_and_memory_grows_under_twice_the_body() {
-    // A real envelope whose data holds ~64 MiB of JSON text (quotes included, so the
-    // dead-letter copy has escaping to do).
+/// The tests of this binary take turns: the allocator counts the whole process.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A real envelope whose data holds ~64 MiB of JSON text (quotes included, so the
+/// dead-letter copy has escaping to do).
+fn big_body() -> Vec<u8> {
     let chunk = r#"{"sku":"A-1","note":"a \"quoted\" word"},"#;
     let mut items = String::with_capacity(64 * MIB + 1024);
     while items.len() < 64 * MIB - chunk.len() {
         items.push_str(chunk);
     }
     items.pop();
-    let body = format!(
+    format!(
         r#"{{"job":"urn:babel:orders:import","trace_id":"t-1","data":{{"items":[{items}]}},"meta":{{"id":"big-1","queue":"q","lang":"rust","schema_version":1,"created_at":1}},"attempts":0}}"#
     )
-    .into_bytes();
-    drop(items);
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "slow: builds and scans 64 MiB (about 45 s in a debug build); CI runs it with --include-ignored"]
+async fn a_64_mib_body_is_poison_and_memory_grows_at_most_one_and_a_half_times_the_body() {
+    let _turn = TURN.lock().await;
+    let body = big_body();
     let size = body.len();
     assert!(size >= 64 * MIB - 1024 && Envelope::decode(&body).is_ok());
 
@@ -91,7 +98,10 @@ async fn a_64_mib_body_is_poison_and_memory_grows_under_twice_the_body() {
         growth as f64 / size as f64
     );
     assert_eq!((stats.poison, stats.dead_lettered), (1, 1));
-    assert!(growth < 2 * size, "peak growth {growth} >= 2 x {size}");
+    assert!(
+        growth * 2 <= 3 * size,
+        "peak growth {growth} > 1.5 x {size}"
+    );
 
     let dlq = t.messages("q.dlq");
     let dead = Envelope::decode(&dlq[0]).unwrap();
@@ -100,4 +110,55 @@ async fn a_64_mib_body_is_poison_and_memory_grows_under_twice_the_body() {
         babelqueue::DeadLetterReason::Poison
     );
     assert!(recover_poison(&dlq[0]).unwrap() == body, "bytes intact");
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs Redis (BABELQUEUE_REDIS_URL) and builds 64 MiB; CI runs it with --run-ignored"]
+async fn over_redis_a_64_mib_poison_body_costs_at_most_one_and_a_half_times_the_body() {
+    use babelqueue::redis::RedisTransport;
+    let _turn = TURN.lock().await;
+    let url =
+        std::env::var("BABELQUEUE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let queue = format!("bq-test-bigbody-{}", uuid::Uuid::new_v4().simple());
+    let body = big_body();
+    let size = body.len();
+    let t = RedisTransport::connect(&url).await.unwrap();
+    t.publish_raw(&queue, body.clone()).await.unwrap();
+    let app = App::new(t.clone())
+        .queue(&queue)
+        .route_sync("urn:babel:orders:import", |_: &Envelope| ());
+    let baseline = CURRENT.load(Ordering::SeqCst);
+    PEAK.store(baseline, Ordering::SeqCst);
+    let stats = app.drain().await.unwrap();
+    let growth = PEAK.load(Ordering::SeqCst) - baseline;
+    eprintln!(
+        "over Redis: body {:.1} MiB, peak growth while consuming {:.1} MiB ({:.2}x the body)",
+        size as f64 / MIB as f64,
+        growth as f64 / MIB as f64,
+        growth as f64 / size as f64
+    );
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let dead: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(format!("{queue}.dlq"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{queue}*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for k in keys {
+        let _: () = redis::cmd("DEL").arg(k).query_async(&mut c).await.unwrap();
+    }
+    assert_eq!((stats.poison, stats.dead_lettered), (1, 1));
+    assert_eq!(dead.len(), 1);
+    assert!(recover_poison(&dead[0]).unwrap() == body, "bytes intact");
+    assert!(
+        growth * 2 <= 3 * size,
+        "peak growth {growth} > 1.5 x {size}"
+    );
 }

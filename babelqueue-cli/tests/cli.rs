@@ -625,13 +625,28 @@ fn amqp_urls_select_rabbitmq_and_redis_only_commands_say_so() {
         stderr(&o)
     );
 
-    let o = run_on("kafka://127.0.0.1:9092", &["queue", "stats", "q"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("does not speak kafka:// brokers"),
-        "{}",
-        stderr(&o)
-    );
+    // Built without a broker's feature, the CLI says how to get it (exit 2).
+    for (scheme, url) in [
+        ("kafka", "kafka://127.0.0.1:9092"),
+        ("sqs", "sqs://us-east-1?endpoint=http://127.0.0.1:4566"),
+    ] {
+        let built = match scheme {
+            "kafka" => cfg!(feature = "kafka"),
+            _ => cfg!(feature = "sqs"),
+        };
+        if built {
+            continue;
+        }
+        let o = run_on(url, &["queue", "stats", "q"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "built without {scheme}:// support: `cargo install babelqueue-cli --features {scheme}`"
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 #[tokio::test]
