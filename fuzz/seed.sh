@@ -9,11 +9,11 @@ if [[ ! -d "$dir/fixtures" ]]; then
   echo "seed.sh: no fixtures in $dir (set BABELQUEUE_CONFORMANCE_DIR)" >&2
   exit 1
 fi
-targets=(envelope frame poison bindings broker_url)
+targets=(envelope frame poison bindings broker_url consume)
 for t in "${targets[@]}"; do mkdir -p "$here/corpus/$t"; done
 for f in "$dir"/fixtures/*.json; do
   name="$(basename "$f" .json)"
-  for t in envelope frame poison bindings; do cp "$f" "$here/corpus/$t/fixture-$name"; done
+  for t in envelope frame poison bindings consume; do cp "$f" "$here/corpus/$t/fixture-$name"; done
   # A header frame around each fixture (the body as a JSON string), for the frame target.
   if command -v python3 >/dev/null; then
     python3 - "$f" "$here/corpus/frame/frame-$name" <<'PY'
