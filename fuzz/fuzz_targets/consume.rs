@@ -25,17 +25,17 @@ fuzz_target!(|data: &[u8]| {
         let t = InMemoryTransport::new();
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
-        let app = App::new(t.clone())
-            .queue("q")
-            .max_attempts(2)
-            .route_sync(URN, move |env: &Envelope| {
+        let app = App::new(t.clone()).queue("q").max_attempts(2).route_sync(
+            URN,
+            move |env: &Envelope| {
                 c.fetch_add(1, Ordering::SeqCst);
                 if env.data.get("fail").is_some() {
                     Err(std::io::Error::other("the handler fails on data.fail"))
                 } else {
                     Ok(())
                 }
-            });
+            },
+        );
         t.publish_raw("q", data.to_vec()).await.expect("publish");
         let stats = app.drain().await.expect("an in-memory drain does not fail");
         assert_eq!((t.len("q"), t.processing_len("q")), (0, 0), "{stats:?}");
