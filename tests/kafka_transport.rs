@@ -8,6 +8,7 @@
 //!
 //! Run with `cargo test --features kafka --test kafka_transport -- --ignored`.
 
+mod cli_support;
 mod kafka_support;
 
 use std::collections::HashMap;
@@ -351,17 +352,9 @@ async fn offsets_never_pass_an_unsettled_message_and_a_failure_retries_through_t
     assert_eq!(h.iter().filter(|(id, _)| id.starts_with("pay_")).count(), 5);
 }
 
-/// The `babelqueue` CLI built with `--features kafka`: `BABELQUEUE_CLI` (`.ci/run` builds it).
-fn cli_binary() -> PathBuf {
-    PathBuf::from(std::env::var_os("BABELQUEUE_CLI").expect(
-        "BABELQUEUE_CLI: the babelqueue CLI built with the kafka feature \
-         (cargo build -p babelqueue-cli --features sqs,kafka; .ci/run sets it)",
-    ))
-}
-
 /// Runs the CLI against `url`: (exit code, stdout, stderr).
 async fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(cli_binary())
+    let out = tokio::process::Command::new(cli_support::binary())
         .args(args)
         .env("BROKER_URL", url)
         .output()
@@ -372,20 +365,6 @@ async fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn cli_dead_letter(id: &str, queue: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "job": CHARGE,
-        "trace_id": format!("trace-{id}"),
-        "data": {"payment_id": id, "amount": 4200},
-        "meta": {"id": id, "queue": queue, "lang": "python", "schema_version": 1,
-                 "created_at": 1_764_640_000_000u64},
-        "attempts": 3,
-        "dead_letter": {"reason": "failed", "error": "declined", "failed_at": 1_764_640_001_000u64,
-                        "original_queue": queue, "attempts": 3, "lang": "python"},
-    }))
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,7 +379,9 @@ async fn the_cli_reads_and_moves_kafka_dead_letters() {
     let dlq = format!("{q}.dlq");
     t.ensure_topic(&q).await.unwrap();
     for id in ["cli-a", "cli-b", "cli-c"] {
-        t.publish_raw(&dlq, cli_dead_letter(id, &q)).await.unwrap();
+        t.publish_raw(&dlq, cli_support::dead_letter(id, &q))
+            .await
+            .unwrap();
     }
     let garbage = b"not an envelope: {\"n\": 1.0E2".to_vec();
     let err = Envelope::decode(&garbage).unwrap_err();

@@ -6,6 +6,7 @@
 //! the visibility lease extended while a handler runs and a lease that runs out. Ignored
 //! without moto.
 
+mod cli_support;
 mod sqs_support;
 
 use std::path::{Path, PathBuf};
@@ -592,17 +593,9 @@ async fn connect_reads_the_family_url() {
     assert!(SqsTransport::connect("amqp://localhost").await.is_err());
 }
 
-/// The `babelqueue` CLI built with `--features sqs`: `BABELQUEUE_CLI` (`.ci/run` builds it).
-fn cli_binary() -> PathBuf {
-    PathBuf::from(std::env::var_os("BABELQUEUE_CLI").expect(
-        "BABELQUEUE_CLI: the babelqueue CLI built with the sqs feature \
-         (cargo build -p babelqueue-cli --features sqs,kafka; .ci/run sets it)",
-    ))
-}
-
 /// Runs the CLI against this moto: (exit code, stdout, stderr).
 async fn cli(args: &[&str]) -> (i32, String, String) {
-    let mut cmd = tokio::process::Command::new(cli_binary());
+    let mut cmd = tokio::process::Command::new(cli_support::binary());
     cmd.args(args).env("BROKER_URL", sqs_support::url());
     for (k, v) in sqs_support::child_env() {
         cmd.env(k, v);
@@ -613,20 +606,6 @@ async fn cli(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn cli_dead_letter(id: &str, queue: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "job": CHARGE,
-        "trace_id": format!("trace-{id}"),
-        "data": {"payment_id": id, "amount": 4200},
-        "meta": {"id": id, "queue": queue, "lang": "python", "schema_version": 1,
-                 "created_at": 1_764_640_000_000u64},
-        "attempts": 3,
-        "dead_letter": {"reason": "failed", "error": "declined", "failed_at": 1_764_640_001_000u64,
-                        "original_queue": queue, "attempts": 3, "lang": "python"},
-    }))
-    .unwrap()
 }
 
 /// The ids (or raw bodies) of every message of `queue`, received and deleted.
@@ -664,7 +643,9 @@ async fn the_cli_reads_and_moves_sqs_dead_letters() {
     let t = transport();
     t.queue_url(&q).await.unwrap();
     for id in ["cli-a", "cli-b", "cli-c"] {
-        t.publish_raw(&dlq, cli_dead_letter(id, &q)).await.unwrap();
+        t.publish_raw(&dlq, cli_support::dead_letter(id, &q))
+            .await
+            .unwrap();
     }
     let garbage = b"not an envelope: {\"n\": 1.0E2".to_vec();
     let err = Envelope::decode(&garbage).unwrap_err();

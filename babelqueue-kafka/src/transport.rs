@@ -34,6 +34,39 @@ const DUE_POLL: Duration = Duration::from_millis(100);
 /// How long a broker query of the drain's lag check (watermarks, committed offsets) waits.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The records of each partition of `topic` that the group has not committed:
+/// `(partition, from, high watermark)` with `from` the committed offset (else the low
+/// watermark), for the partitions where `from < high`, in partition order (blocking: broker
+/// round trips).
+fn uncommitted(
+    c: &BaseConsumer,
+    topic: &str,
+    committed: &[(i32, i64)],
+) -> Result<Vec<(i32, i64, i64)>, KafkaError> {
+    let md = c.fetch_metadata(Some(topic), QUERY_TIMEOUT)?;
+    let mut ranges = Vec::new();
+    for t in md.topics() {
+        for p in t.partitions() {
+            let (low, high) = c.fetch_watermarks(topic, p.id(), QUERY_TIMEOUT)?;
+            let from = committed
+                .iter()
+                .find(|(id, _)| *id == p.id())
+                .map_or(low, |(_, o)| *o)
+                .max(low);
+            if from < high {
+                ranges.push((p.id(), from, high));
+            }
+        }
+    }
+    ranges.sort_unstable();
+    Ok(ranges)
+}
+
+/// How many offsets `from..high` holds.
+fn span(from: i64, high: i64) -> u64 {
+    u64::try_from(high - from).unwrap_or(0)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -515,24 +548,8 @@ impl KafkaTransport {
                 .set("enable.auto.commit", "false")
                 .set("enable.partition.eof", "false");
             let c: BaseConsumer = config.create()?;
-            let md = c.fetch_metadata(Some(&topic), QUERY_TIMEOUT)?;
-            let mut ranges = Vec::new();
-            let mut total = 0u64;
-            for t in md.topics() {
-                for p in t.partitions() {
-                    let (low, high) = c.fetch_watermarks(&topic, p.id(), QUERY_TIMEOUT)?;
-                    let from = committed
-                        .iter()
-                        .find(|(id, _)| *id == p.id())
-                        .map_or(low, |(_, o)| *o)
-                        .max(low);
-                    if from < high {
-                        total += u64::try_from(high - from).unwrap_or(0);
-                        ranges.push((p.id(), from, high));
-                    }
-                }
-            }
-            ranges.sort_unstable();
+            let ranges = uncommitted(&c, &topic, &committed)?;
+            let total = ranges.iter().map(|&(_, from, high)| span(from, high)).sum();
             let mut out = Vec::new();
             for (partition, from, high) in ranges {
                 if out.len() >= limit {
@@ -884,20 +901,8 @@ impl KafkaTransport {
         let committed = self.committed(queue).await?;
         let ready = tokio::task::spawn_blocking(move || -> Result<u64, KafkaError> {
             let c: BaseConsumer = s.consumer_config(&s.group).create()?;
-            let md = c.fetch_metadata(Some(&topic), QUERY_TIMEOUT)?;
-            let mut total = 0u64;
-            for t in md.topics() {
-                for p in t.partitions() {
-                    let (low, high) = c.fetch_watermarks(&topic, p.id(), QUERY_TIMEOUT)?;
-                    let from = committed
-                        .iter()
-                        .find(|(id, _)| *id == p.id())
-                        .map_or(low, |(_, o)| *o)
-                        .max(low);
-                    total += u64::try_from(high - from).unwrap_or(0);
-                }
-            }
-            Ok(total)
+            let ranges = uncommitted(&c, &topic, &committed)?;
+            Ok(ranges.iter().map(|&(_, from, high)| span(from, high)).sum())
         })
         .await
         .map_err(TransportError::backend)?
