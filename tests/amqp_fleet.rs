@@ -283,7 +283,11 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
     let store = Arc::new(InMemoryStore::new());
     let charged = Arc::new(Mutex::new(Vec::<String>::new()));
     let progress = Arc::new(AtomicU64::new(0));
+    // Past a quarter of the work the handlers wait for the broker to be stopped: the drain
+    // cannot end before the restart, however slow the machine is.
+    let stopped_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (st, ch, pr) = (store.clone(), charged.clone(), progress.clone());
+    let sf = stopped_flag.clone();
     let app = App::new(t.clone())
         .queue(&queue)
         .concurrency(4)
@@ -296,11 +300,14 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
         .backoff(Duration::from_millis(50), Duration::from_millis(500))
         .give_up_after(Duration::from_secs(120))
         .route_async(CHARGE, move |env: Envelope| {
-            let (st, ch, pr) = (st.clone(), ch.clone(), pr.clone());
+            let (st, ch, pr, sf) = (st.clone(), ch.clone(), pr.clone(), sf.clone());
             async move {
                 Guard::new(&*st)
                     .run_async(&env, async {
                         tokio::time::sleep(Duration::from_millis(50)).await;
+                        while pr.load(Ordering::SeqCst) >= N / 4 && !sf.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                         if hiccups(&env) {
                             return Err(ChargeError::Hiccup);
                         }
@@ -332,9 +339,10 @@ async fn the_broker_restarted_mid_drain_loses_and_strands_nothing() {
     })
     .await
     .unwrap();
+    stopped_flag.store(true, Ordering::SeqCst);
     assert!(
         !drain.is_finished(),
-        "the broker went away before the drain ended (the handler is slow enough for that)"
+        "the broker went away before the drain ended (the handlers past a quarter wait for it)"
     );
     node = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(500));
