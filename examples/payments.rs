@@ -448,6 +448,7 @@ struct ConsumeOpts {
     gateway: Gateway,
     lease: Option<Duration>,
     heartbeat: Option<Duration>,
+    max_recoveries: Option<u32>,
     quiet: bool,
     ledger_bug: bool,
 }
@@ -474,6 +475,9 @@ async fn consume(o: ConsumeOpts) -> Result<bool, Box<dyn std::error::Error>> {
             async move { backend.charge(env, lease).await }
         }),
     };
+    if let Some(n) = o.max_recoveries {
+        app = app.max_recoveries(n);
+    }
     if let Some(hb) = o.heartbeat {
         app = app.heartbeat(hb, hb * 5);
     }
@@ -512,6 +516,7 @@ consume options:
   --mode seen|lease       seen-set guard (default) or in-flight lease guard
   --lease DURATION        lease length in lease mode (default 30s; e.g. 300ms, 5s, 1m)
   --heartbeat DURATION    consumer heartbeat interval (TTL: 5x; default 2s)
+  --max-recoveries N      a message recovered from N dead consumers is dead-lettered (default 3)
   --gateway-delay-ms N    each charge takes N ms at the simulated gateway
   --gateway-fail-every N  every Nth charge attempt fails with a transient error
   --quiet                 no line per charge (for runs with many payments)
@@ -559,6 +564,7 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
         gateway: Gateway::default(),
         lease: None,
         heartbeat: None,
+        max_recoveries: None,
         quiet: false,
         ledger_bug: false,
     };
@@ -589,6 +595,9 @@ fn parse_consume(args: &[String]) -> Result<ConsumeOpts, String> {
             "--mode" => mode = value()?,
             "--lease" => lease = parse_duration(&value()?)?,
             "--heartbeat" => o.heartbeat = Some(parse_duration(&value()?)?),
+            "--max-recoveries" => {
+                o.max_recoveries = Some(u32::try_from(number(value()?)?).unwrap_or(u32::MAX));
+            }
             "--gateway-delay-ms" => o.gateway.delay = Duration::from_millis(number(value()?)?),
             "--gateway-fail-every" => o.gateway.fail_every = number(value()?)?,
             _ => return Err(format!("unexpected argument `{arg}`\n\n{USAGE}")),
