@@ -11,7 +11,7 @@ use std::time::Duration;
 use babelqueue::handler::BoxFuture;
 use babelqueue::pipelined::PipelinedWrite;
 use babelqueue::runtime::{
-    App, ConsumerOptions, Delivery, InMemoryTransport, Permanent, Republish, Transport,
+    App, ConsumerOptions, Delivery, InMemoryTransport, Permanent, Republish, Settled, Transport,
     TransportError,
 };
 use babelqueue::{AsyncStore, Envelope, Guard, InMemoryStore};
@@ -169,6 +169,44 @@ impl Transport for Piped {
             Ok(())
         })
     }
+    fn settle_and_reserve<'a>(
+        &'a self,
+        settled: &'a [Settled<'a>],
+        next: Option<(&'a str, usize)>,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(async move {
+            self.gate.acquire().await.unwrap().forget();
+            if next.is_some()
+                && self
+                    .fail_combined
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(TransportError::connection("connection reset"));
+            }
+            for s in settled {
+                self.apply(s.writes, "SET").await;
+                let id = Envelope::decode(s.delivery.body()).unwrap().meta.id;
+                self.log.lock().unwrap().push(format!("ACK {id}"));
+                self.inner.ack(s.delivery).await?;
+            }
+            let mut got = Vec::new();
+            if let Some((q, n)) = next {
+                while got.len() < n {
+                    match self.inner.reserve(q, Duration::ZERO).await? {
+                        Some(d) => got.push(d),
+                        None => break,
+                    }
+                }
+            }
+            self.log.lock().unwrap().push(format!(
+                "BATCH acks={} reserved={}",
+                settled.len(),
+                got.len()
+            ));
+            Ok(got)
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -314,5 +352,132 @@ async fn a_failed_ack_with_reserve_is_sent_again_on_its_own_and_nothing_is_lost(
     assert_eq!(
         (t.inner.len("payments"), t.inner.processing_len("payments")),
         (0, 0)
+    );
+}
+
+/// Ids in the log: `SET <id>` lines and `ACK <id>` lines, and the batches' sizes.
+fn batches(log: &[String]) -> Vec<(usize, usize)> {
+    log.iter()
+        .filter_map(|l| l.strip_prefix("BATCH acks="))
+        .map(|l| {
+            let (acks, reserved) = l.split_once(" reserved=").unwrap();
+            (acks.parse().unwrap(), reserved.parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_worker_settles_together_and_every_write_goes_before_its_ack() {
+    let (t, store) = piped(10_000);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), false)
+        .concurrency(8)
+        .batch(8);
+    // Eight payments, each followed at once by its byte-identical copy: a copy is in the
+    // same batch as its original, and waits for the original's remember.
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}")}))
+            .unwrap()
+            .with_queue("payments");
+        ids.push(env.meta.id.clone());
+        app.publish_raw(env.encode()).await.unwrap();
+        app.publish_raw(env.encode()).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        8,
+        "each payment charged once"
+    );
+    assert_eq!(
+        (stats.succeeded, stats.skipped, stats.acked, stats.unacked),
+        (8, 8, 16, 0)
+    );
+    assert_eq!(
+        store.own_remembers.load(Ordering::SeqCst),
+        0,
+        "all handed over"
+    );
+    let log = t.log.lock().unwrap().clone();
+    for id in &ids {
+        let set = log.iter().position(|l| *l == format!("SET {id}"));
+        let first_ack = log.iter().position(|l| *l == format!("ACK {id}"));
+        assert!(
+            matches!((set, first_ack), (Some(s), Some(a)) if s < a),
+            "the remember of {id} goes before its acks: {log:?}"
+        );
+        assert_eq!(log.iter().filter(|l| **l == format!("ACK {id}")).count(), 2);
+    }
+    let sizes = batches(&log);
+    assert_eq!(
+        sizes.first(),
+        Some(&(0, 8)),
+        "the first refill takes 8 at once"
+    );
+    assert!(
+        sizes.iter().any(|(acks, _)| *acks >= 2),
+        "acks leave together: {sizes:?}"
+    );
+    assert_eq!(sizes.iter().map(|(a, _)| a).sum::<usize>(), 16);
+    assert_eq!(
+        (t.inner.len("payments"), t.inner.processing_len("payments")),
+        (0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_is_settled_again_one_by_one_and_nothing_is_lost() {
+    let (t, store) = piped(10_000);
+    // The first refill (no acks yet) and the first settle with acks both fail.
+    t.fail_combined.store(2, Ordering::SeqCst);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), false)
+        .concurrency(4)
+        .batch(4);
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}")}))
+            .unwrap()
+            .with_queue("payments");
+        ids.push(env.meta.id.clone());
+        app.publish_raw(env.encode()).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    assert_eq!(
+        t.fail_combined.load(Ordering::SeqCst),
+        0,
+        "both failures happened"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 6);
+    assert_eq!((stats.succeeded, stats.acked, stats.unacked), (6, 6, 0));
+    assert!(stats.transport_errors >= 2, "{stats:?}");
+    for id in &ids {
+        assert!(AsyncStore::seen(&*store.inner, id).await.unwrap());
+    }
+    assert_eq!(
+        (t.inner.len("payments"), t.inner.processing_len("payments")),
+        (0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn batches_of_one_are_the_one_message_worker() {
+    let (t, store) = piped(10_000);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let app = app(t.clone(), store.clone(), effects.clone(), false)
+        .concurrency(4)
+        .batch(1);
+    for i in 0..3 {
+        let env = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}")}))
+            .unwrap()
+            .with_queue("payments");
+        app.publish_raw(env.encode()).await.unwrap();
+    }
+    let stats = app.drain().await.unwrap();
+    assert_eq!((stats.succeeded, stats.acked), (3, 3));
+    assert!(
+        batches(&t.log.lock().unwrap()).is_empty(),
+        "no batch was settled"
     );
 }

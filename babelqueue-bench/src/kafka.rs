@@ -121,10 +121,18 @@ where
         let effects = Arc::new(AtomicU64::new(0));
         let first = Arc::new(std::sync::OnceLock::<Instant>::new());
         let f = first.clone();
-        let app = consumer(transport, &topic, store, mode, concurrency, effects.clone())
-            .on_delivery(move |_| {
-                let _ = f.set(Instant::now());
-            });
+        let app = consumer(
+            transport,
+            &topic,
+            store,
+            mode,
+            concurrency,
+            None,
+            effects.clone(),
+        )
+        .on_delivery(move |_| {
+            let _ = f.set(Instant::now());
+        });
         let start = Instant::now();
         let stats = app.drain().await?;
         let end = Instant::now();

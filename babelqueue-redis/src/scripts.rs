@@ -30,6 +30,35 @@ end
 return n
 ";
 
+/// Ack of a batch (sent by `EVAL` in the settling pipeline): `LREM` of each element from
+/// the own list, and, when the queue has recovery counters, the removed elements'
+/// counters dropped. KEYS: own list, recoveries. ARGV: the elements. Returns how many
+/// were removed in all (fewer than `#ARGV`: some were already acked or recovered).
+pub(crate) const ACK_MANY_SOURCE: &str = r"
+local counters = redis.call('EXISTS', KEYS[2]) == 1
+local removed = 0
+for i = 1, #ARGV do
+  local n = redis.call('LREM', KEYS[1], 1, ARGV[i])
+  if n > 0 and counters then
+    redis.call('HDEL', KEYS[2], redis.sha1hex(ARGV[i]))
+  end
+  removed = removed + n
+end
+return removed
+";
+
+/// Reserve of a batch (sent by `EVAL`): up to `ARGV[1]` messages from the head of the
+/// queue to the tail of the own list, in queue order, atomically (one `LRANGE`, `LTRIM`
+/// and `RPUSH`). KEYS: queue, own list. Returns the moved elements (empty: none ready).
+pub(crate) const RESERVE_MANY_SOURCE: &str = r"
+local moved = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+if #moved > 0 then
+  redis.call('LTRIM', KEYS[1], #moved, -1)
+  redis.call('RPUSH', KEYS[2], unpack(moved))
+end
+return moved
+";
+
 /// Requeue: `LREM` own list, then `RPUSH` the new element on the queue (delay 0) or `ZADD`
 /// it to the delayed set scored by now + delay. Only when the `LREM` removed the delivery:
 /// a retried call whose first run reached the server does nothing the second time.

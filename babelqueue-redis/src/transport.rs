@@ -35,7 +35,7 @@ use babelqueue_core::handler::BoxFuture;
 use babelqueue_core::pipelined::PipelinedWrite;
 use babelqueue_core::runtime::{
     ConsumerOptions, Delivery, HeldElsewhere, ListMaintenance, Maintenance, QueueDepth, Recovered,
-    Republish, Transport, TransportError,
+    Republish, Settled, Transport, TransportError,
 };
 use redis::{Client, RedisError, Value};
 use tokio::sync::{Mutex, RwLock};
@@ -55,6 +55,13 @@ const DUE_REFRESH: Duration = Duration::from_secs(1);
 
 /// How many due messages one reserve promotes at most.
 const PROMOTE_BATCH: usize = 256;
+
+/// The most messages one batch reserve moves (the script unpacks them into one `RPUSH`,
+/// and Lua's stack allows about 8,000).
+const MAX_RESERVE_BATCH: usize = 1024;
+
+/// Messages one worker holds at once by default (see [`Transport::batch_hint`]).
+const BATCH_HINT: usize = 16;
 
 fn map_err(e: RedisError) -> TransportError {
     if is_connection_error(&e) {
@@ -809,6 +816,158 @@ impl RedisTransport {
         }
     }
 
+    /// A batch's store writes and acks, then (with `next`) up to `n` messages reserved,
+    /// in one pipeline: every settled delivery's writes first (each delivery's before
+    /// its ack), then one script acking them all per queue, then one script moving up to
+    /// `n` messages into the own list.
+    async fn settle_many(
+        &self,
+        settled: &[Settled<'_>],
+        next: Option<(&str, usize)>,
+    ) -> Result<Vec<Delivery>, TransportError> {
+        let next = next
+            .filter(|(_, n)| *n > 0)
+            .map(|(q, n)| (q, n.min(MAX_RESERVE_BATCH)));
+        if let Some((queue, _)) = next {
+            self.before_reserve(queue).await?;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut writes = 0;
+        for s in settled {
+            add_writes(&mut pipe, s.writes);
+            writes += s.writes.len();
+        }
+        // One ack script per queue (a batch is almost always of one queue).
+        let mut queues: Vec<&str> = Vec::new();
+        for s in settled {
+            if !queues.contains(&s.delivery.queue()) {
+                queues.push(s.delivery.queue());
+            }
+        }
+        for queue in &queues {
+            let cmd = pipe
+                .cmd("EVAL")
+                .arg(scripts::ACK_MANY_SOURCE)
+                .arg(2)
+                .arg(self.own_list(queue))
+                .arg(recoveries_hash(queue));
+            for s in settled.iter().filter(|s| s.delivery.queue() == *queue) {
+                cmd.arg(s.delivery.element());
+            }
+        }
+        let _gate = match next {
+            Some((queue, n)) => {
+                pipe.cmd("EVAL")
+                    .arg(scripts::RESERVE_MANY_SOURCE)
+                    .arg(2)
+                    .arg(queue)
+                    .arg(self.own_list(queue))
+                    .arg(n);
+                Some(self.inner.reserve_gate.read().await)
+            }
+            None => None,
+        };
+        let (generation, mut conn) = self.conn().await?;
+        let r = pipe
+            .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn)
+            .await;
+        let replies = match self.after(generation, r).await {
+            Ok(replies) => replies,
+            Err(e) => {
+                if let Some((queue, _)) = next
+                    && e.is_connection()
+                {
+                    // The move may have happened without our hearing of it.
+                    self.local(queue, |q| q.check_orphans = true);
+                }
+                return Err(e);
+            }
+        };
+        let mut replies = replies.into_iter();
+        for reply in replies.by_ref().take(writes) {
+            if let Err(e) = reply {
+                tracing::warn!(
+                    error = %e,
+                    "a store write sent with the ack failed; a redelivery may run the handler again"
+                );
+            }
+        }
+        for queue in &queues {
+            let sent = settled.iter().filter(|s| s.delivery.queue() == *queue);
+            match replies.next() {
+                Some(Ok(Value::Int(removed))) => {
+                    let count = sent.clone().count();
+                    if usize::try_from(removed).unwrap_or(0) < count {
+                        tracing::debug!(
+                            queue,
+                            acked = count,
+                            removed,
+                            "some acked elements were not in the own processing list (already acked, or recovered by another consumer)"
+                        );
+                    }
+                }
+                Some(Ok(other)) => {
+                    return Err(TransportError::backend(format!(
+                        "unexpected reply to the batch ack: {other:?}"
+                    )));
+                }
+                Some(Err(e)) => return Err(map_err(e)),
+                None => return Err(TransportError::backend("missing reply to the batch ack")),
+            }
+            self.local(queue, |q| {
+                for s in sent {
+                    q.release(s.delivery.element());
+                }
+            });
+        }
+        let Some((queue, _)) = next else {
+            return Ok(Vec::new());
+        };
+        match replies.next() {
+            Some(Ok(Value::Array(elements))) => {
+                let mut got = Vec::with_capacity(elements.len());
+                for e in elements {
+                    match e {
+                        Value::BulkString(e) => got.push(e),
+                        other => {
+                            self.local(queue, |q| q.check_orphans = true);
+                            return Err(TransportError::backend(format!(
+                                "unexpected element in the batch reserve's reply: {other:?}"
+                            )));
+                        }
+                    }
+                }
+                self.local(queue, |q| {
+                    for e in &got {
+                        q.hold(e);
+                    }
+                });
+                Ok(got
+                    .into_iter()
+                    .map(|e| Delivery::new(queue, e, 0))
+                    .collect())
+            }
+            Some(Ok(Value::Nil)) => Ok(Vec::new()),
+            Some(Ok(other)) => {
+                self.local(queue, |q| q.check_orphans = true);
+                Err(TransportError::backend(format!(
+                    "unexpected reply to the batch reserve: {other:?}"
+                )))
+            }
+            Some(Err(e)) => {
+                self.local(queue, |q| q.check_orphans = true);
+                Err(map_err(e))
+            }
+            None => {
+                self.local(queue, |q| q.check_orphans = true);
+                Err(TransportError::backend(
+                    "missing reply to the batch reserve",
+                ))
+            }
+        }
+    }
+
     /// Reserves, waiting up to `timeout`: a wait cut short to promote a delayed message
     /// that the server's clock did not yet see as due goes on until the deadline.
     async fn reserve_inner(
@@ -1052,6 +1211,32 @@ impl Transport for RedisTransport {
                 return self.reserve(queue, Duration::ZERO).await;
             }
             self.pipelined_settle(delivery, writes, next).await
+        })
+    }
+
+    fn batch_hint(&self) -> usize {
+        if self.inner.settings.pipelining {
+            BATCH_HINT
+        } else {
+            1
+        }
+    }
+
+    fn settle_and_reserve<'a>(
+        &'a self,
+        settled: &'a [Settled<'a>],
+        next: Option<(&'a str, usize)>,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(async move {
+            if settled.iter().any(|s| !s.writes.is_empty()) && self.pipeline_server().is_none() {
+                return Err(TransportError::Unsupported("pipelined writes"));
+            }
+            if self.is_cluster() && !settled.is_empty() && next.is_some() {
+                // A Cluster's pipeline is not sent as one: settle, then reserve.
+                self.settle_many(settled, None).await?;
+                return self.settle_many(&[], next).await;
+            }
+            self.settle_many(settled, next).await
         })
     }
 

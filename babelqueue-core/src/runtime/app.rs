@@ -148,6 +148,7 @@ impl App {
             config: Config {
                 queue: crate::envelope::DEFAULT_QUEUE.to_owned(),
                 concurrency: 1,
+                batch: None,
                 retry: RetryPolicy::default(),
                 unknown_urn: UnknownUrnStrategy::Fail,
                 dead_letter: true,
@@ -251,6 +252,38 @@ impl App {
     #[must_use]
     pub fn concurrency(mut self, n: usize) -> Self {
         self.config.concurrency = n.max(1);
+        self
+    }
+
+    /// Up to `k` of the [`concurrency`](Self::concurrency) messages are held by one
+    /// worker, which reserves them, asks the store about them and settles them in batches:
+    /// the messages it settled (their store writes, then their acks) and the refill of its
+    /// free places go to the broker together, in one round trip where the transport
+    /// allows ([`Transport::settle_and_reserve`]), and the handlers of one worker run in
+    /// one task, so their store calls leave together too. A batch is never waited for:
+    /// a worker settles what is done as soon as it is done and takes what is ready, so a
+    /// lone message is served as fast as without batches.
+    ///
+    /// With `concurrency` `c`, `ceil(c / k)` workers share the `c` places. Every
+    /// guarantee is the same as with one message per worker: each message's writes reach
+    /// the store before its ack, two deliveries of one id take turns, recovery, drain and
+    /// shutdown are unchanged.
+    ///
+    /// Default: the transport's [`batch_hint`](Transport::batch_hint) (16 on Redis with
+    /// pipelining, 1 elsewhere: one message per worker); `1` turns batches off. Never more
+    /// than `concurrency`, so `concurrency(1)` handles messages one at a time, in order.
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{App, InMemoryTransport};
+    /// let app = App::new(InMemoryTransport::new())
+    ///     .queue("payments")
+    ///     .concurrency(32)
+    ///     .batch(8); // 4 workers of 8 places each
+    /// # drop(app);
+    /// ```
+    #[must_use]
+    pub fn batch(mut self, k: usize) -> Self {
+        self.config.batch = Some(k.max(1));
         self
     }
 

@@ -13,6 +13,9 @@ pub(crate) type Observer = Arc<dyn Fn(&Report) + Send + Sync>;
 pub(crate) struct Config {
     pub queue: String,
     pub concurrency: usize,
+    /// Messages one worker holds at once (`App::batch`); `None`: the transport's
+    /// `batch_hint`.
+    pub batch: Option<usize>,
     pub retry: RetryPolicy,
     pub unknown_urn: UnknownUrnStrategy,
     pub dead_letter: bool,

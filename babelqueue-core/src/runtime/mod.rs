@@ -73,6 +73,6 @@ pub use observe::publish_traced;
 pub use report::{Disposition, Readiness, Report, Stats};
 pub use settle::RetryPolicy;
 pub use transport::{
-    ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Transport,
-    TransportError, encode_element, is_frame_object, may_be_frame, unframe,
+    ConsumerEvent, ConsumerOptions, Delivery, EventSink, FRAME_KEY, Headers, Republish, Settled,
+    Transport, TransportError, encode_element, is_frame_object, may_be_frame, unframe,
 };

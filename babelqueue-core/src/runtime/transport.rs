@@ -388,6 +388,26 @@ pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     Some((headers, body))
 }
 
+/// A delivery the runtime settles with [`Transport::settle_and_reserve`]: the store
+/// writes its guards handed over (sent first, in order), then its ack.
+#[derive(Debug, Clone, Copy)]
+pub struct Settled<'a> {
+    /// The delivery to acknowledge.
+    pub delivery: &'a Delivery,
+    /// Store commands for [`Transport::pipeline_server`], sent before the ack.
+    pub writes: &'a [PipelinedWrite],
+}
+
+impl<'a> Settled<'a> {
+    /// An ack with no writes before it.
+    pub fn ack(delivery: &'a Delivery) -> Self {
+        Settled {
+            delivery,
+            writes: &[],
+        }
+    }
+}
+
 /// How a consumer is run, handed to [`Transport::start_consumer`]: the runtime's settings
 /// a transport's own background work needs, and where it reports what the runtime must act
 /// on.
@@ -790,6 +810,70 @@ pub trait Transport: Send + Sync + 'static {
         })
     }
 
+    /// How many messages one worker of the runtime may hold at once when it reserves
+    /// and settles them in batches ([`settle_and_reserve`](Self::settle_and_reserve)),
+    /// unless [`App::batch`](super::App::batch) says otherwise: `1` (the default) means
+    /// no batches, one worker per message. The Redis transport answers 16.
+    fn batch_hint(&self) -> usize {
+        1
+    }
+
+    /// Settles a batch and refills it, in one round trip where the broker allows: for each
+    /// of `settled` in order, its `writes` (store commands for
+    /// [`pipeline_server`](Self::pipeline_server)) then its ack; then, when `next` is
+    /// `Some((queue, n))`, reserves up to `n` messages of `queue` without waiting (fewer,
+    /// or none, when fewer are ready). Each delivery's writes reach the server before its
+    /// ack, as in [`ack_and_reserve`](Self::ack_and_reserve).
+    ///
+    /// An error leaves it unknown which parts were done: the caller retries each settled
+    /// delivery's writes and ack on its own (each is idempotent). A transport that
+    /// reserves here must make sure messages it moved without the reply arriving are not
+    /// stranded (the Redis transport returns such orphans to the queue on its next
+    /// reserve).
+    ///
+    /// Default: [`ack_and_reserve`](Self::ack_and_reserve) of each settled delivery with
+    /// no next queue, then [`reserve`](Self::reserve) with a zero timeout until `n`
+    /// arrived or the queue had none.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use babelqueue_core::runtime::{InMemoryTransport, Settled, Transport};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let t = InMemoryTransport::new();
+    /// for body in [&b"a"[..], b"b", b"c"] {
+    ///     t.publish_raw("jobs", body.to_vec()).await?;
+    /// }
+    /// let first = t.settle_and_reserve(&[], Some(("jobs", 2))).await?;
+    /// assert_eq!(first.len(), 2);
+    /// let acks: Vec<Settled<'_>> = first.iter().map(Settled::ack).collect();
+    /// let rest = t.settle_and_reserve(&acks, Some(("jobs", 2))).await?;
+    /// assert_eq!(rest.len(), 1, "only one was left");
+    /// assert_eq!(t.processing_len("jobs"), 1);
+    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # }).unwrap();
+    /// ```
+    fn settle_and_reserve<'a>(
+        &'a self,
+        settled: &'a [Settled<'a>],
+        next: Option<(&'a str, usize)>,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(async move {
+            for s in settled {
+                self.ack_and_reserve(s.delivery, s.writes, None).await?;
+            }
+            let mut got = Vec::new();
+            if let Some((queue, n)) = next {
+                while got.len() < n {
+                    match self.reserve(queue, Duration::ZERO).await? {
+                        Some(d) => got.push(d),
+                        None => break,
+                    }
+                }
+            }
+            Ok(got)
+        })
+    }
+
     /// Publishes an envelope body with out-of-band headers. The default writes a header
     /// frame when `headers` is non-empty (the list transports' convention); a broker with
     /// native headers overrides it.
@@ -912,6 +996,16 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         writes: &'a [PipelinedWrite],
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         T::apply_writes(self, writes)
+    }
+    fn batch_hint(&self) -> usize {
+        T::batch_hint(self)
+    }
+    fn settle_and_reserve<'a>(
+        &'a self,
+        settled: &'a [Settled<'a>],
+        next: Option<(&'a str, usize)>,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        T::settle_and_reserve(self, settled, next)
     }
     fn publish<'a>(
         &'a self,

@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinSet;
@@ -18,7 +21,9 @@ use super::ctx::Ctx;
 use super::depth::HeldElsewhere;
 use super::execute::{PendingAck, Processed, process, settle_exhausted};
 use super::report::{Disposition, DrainError, Report, Stats};
-use super::transport::{ConsumerEvent, ConsumerOptions, Delivery, EventSink, TransportError};
+use super::transport::{
+    ConsumerEvent, ConsumerOptions, Delivery, EventSink, Settled, TransportError,
+};
 use super::{metrics, observe};
 
 /// How a consume ends.
@@ -197,6 +202,32 @@ impl Shared {
 }
 
 impl Shared {
+    /// Drain, the queue looked empty: waits while another worker is still busy (its
+    /// message may come back as a retry); the last one to go idle checks the delayed
+    /// messages and ends the drain when there are none. `Ok(true)`: the drain is over
+    /// (halted); `Ok(false)`: look again.
+    async fn idle_in_drain(&self) -> Result<bool, TransportError> {
+        let notified = self.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let r = if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+            match self.drain_end().await {
+                Ok(true) => {
+                    self.halt();
+                    Ok(true)
+                }
+                other => other,
+            }
+        } else {
+            notified.await;
+            Ok(false)
+        };
+        if !matches!(r, Ok(true)) {
+            self.busy.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    }
+
     /// Drain, nothing left here: messages in other consumers' lists (a killed consumer
     /// whose heartbeat has not expired yet) are waited for, until the bound (the longest
     /// heartbeat time left when first seen, plus two recovery intervals: time for the
@@ -285,30 +316,16 @@ async fn worker(shared: Arc<Shared>) -> Stats {
                 if shared.mode == Mode::Run {
                     continue;
                 }
-                // Drain: the queue looked empty. Wait while another worker is still busy
-                // (its message may come back as a retry); the last one to go idle checks
-                // the delayed messages and ends it when there are none.
-                let notified = shared.wake.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    match shared.drain_end().await {
-                        Ok(true) => {
-                            shared.halt();
-                            break;
-                        }
-                        Ok(false) => {}
-                        Err(error) => {
-                            stats.transport_errors += 1;
-                            tracing::warn!(%error, "checking delayed messages failed");
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(config.backoff_max);
-                        }
+                match shared.idle_in_drain().await {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(error) => {
+                        stats.transport_errors += 1;
+                        tracing::warn!(%error, "checking delayed messages failed");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(config.backoff_max);
                     }
-                } else {
-                    notified.await;
                 }
-                shared.busy.fetch_add(1, Ordering::SeqCst);
             }
             Err(error) => {
                 stats.transport_errors += 1;
@@ -334,6 +351,229 @@ async fn worker(shared: Arc<Shared>) -> Stats {
         }
     }
     if let Some(p) = pending.take() {
+        shared.flush(p, &mut stats).await;
+    }
+    stats
+}
+
+/// Processes one delivery of a batch worker; the worker reports it.
+async fn process_one(shared: Arc<Shared>, delivery: Delivery) -> Processed {
+    let span = observe::message_span(&shared.ctx.config.queue, &delivery);
+    let _in_flight = metrics::InFlightGauge::enter(&shared.ctx.config.queue);
+    let defer = shared.ctx.defer_acks && !shared.stopping();
+    process(&shared.ctx, delivery, defer).instrument(span).await
+}
+
+/// The handlers a batch worker runs, all in its own task.
+type Running<F> = FuturesUnordered<F>;
+
+/// Awaits `fut` while the worker's handlers go on; what they finish meanwhile is put in
+/// `finished`.
+async fn beside<T, F>(
+    fut: impl Future<Output = T>,
+    running: &mut Running<F>,
+    finished: &mut Vec<Processed>,
+) -> T
+where
+    F: Future<Output = Processed>,
+{
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return out,
+            Some(p) = running.next(), if !running.is_empty() => finished.push(p),
+        }
+    }
+}
+
+impl Shared {
+    /// Reports what the handlers finished: a settled delivery at once, one whose ack
+    /// waits into `acks`.
+    fn absorb(&self, finished: &mut Vec<Processed>, acks: &mut Vec<PendingAck>, stats: &mut Stats) {
+        for p in finished.drain(..) {
+            match p {
+                Processed::Done(report) => {
+                    self.observe(&report, stats);
+                    self.wake.notify_waiters();
+                }
+                Processed::AckPending(p) => acks.push(p),
+            }
+        }
+    }
+}
+
+/// A worker holding up to `places` messages at once (see `App::batch`): the acks of what
+/// its handlers finished and the refill of its free places go to the broker in one round
+/// trip, as soon as anything finished; its handlers run in its own task, so their store
+/// calls leave together. Nothing waits for a batch to fill.
+async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
+    let config = &shared.ctx.config;
+    let queue = config.queue.as_str();
+    let mut stats = Stats::default();
+    let mut backoff = config.backoff_min;
+    let mut failing_since: Option<Instant> = None;
+    let mut running = FuturesUnordered::new();
+    let mut finished: Vec<Processed> = Vec::new();
+    // Handled, their acks to send (with their store writes) in the next round trip.
+    let mut acks: Vec<PendingAck> = Vec::new();
+    // The last refill found fewer messages than places: refill again only with acks.
+    let mut dry = false;
+    loop {
+        shared.absorb(&mut finished, &mut acks, &mut stats);
+        let stopping = shared.stopping();
+        let paused = shared.ctx.store.paused_until();
+        let free = if stopping || paused.is_some() {
+            0
+        } else {
+            places - running.len()
+        };
+        if !acks.is_empty() || (free > 0 && !dry) {
+            let sending = std::mem::take(&mut acks);
+            let next = (free > 0).then_some((queue, free));
+            let r = {
+                let settled: Vec<Settled<'_>> = sending
+                    .iter()
+                    .map(|p| Settled {
+                        delivery: &p.delivery,
+                        writes: &p.deferred.writes,
+                    })
+                    .collect();
+                let fut = shared.ctx.transport.settle_and_reserve(&settled, next);
+                beside(fut, &mut running, &mut finished).await
+            };
+            match r {
+                Ok(got) => {
+                    backoff = config.backoff_min;
+                    failing_since = None;
+                    for p in sending {
+                        shared.finish(p, Ok(()), &mut stats);
+                    }
+                    dry = free > 0 && got.len() < free;
+                    for d in got {
+                        running.push(process_one(Arc::clone(&shared), d));
+                    }
+                }
+                Err(error) => {
+                    stats.transport_errors += 1;
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    tracing::warn!(
+                        queue = %config.queue,
+                        %error,
+                        acks = sending.len(),
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "settling a batch failed; acking each on its own, then reconnecting"
+                    );
+                    // Which parts were done is unknown: the writes and the acks again, each
+                    // on its own (each is idempotent), retried until done.
+                    for p in sending {
+                        let r = beside(
+                            shared.ctx.ack_with(&p.delivery, &p.deferred),
+                            &mut running,
+                            &mut finished,
+                        )
+                        .await;
+                        shared.finish(p, r, &mut stats);
+                    }
+                    if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
+                        lock(&shared.gave_up).get_or_insert(error);
+                        shared.halt();
+                    }
+                    let pause = async {
+                        tokio::select! {
+                            biased;
+                            () = shared.stopped() => {}
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                    };
+                    beside(pause, &mut running, &mut finished).await;
+                    backoff = (backoff * 2).min(config.backoff_max);
+                }
+            }
+            continue;
+        }
+        if !running.is_empty() {
+            // Wait for a handler, then take every one that is done too.
+            tokio::select! {
+                biased;
+                Some(p) = running.next() => {
+                    finished.push(p);
+                    while let Some(Some(p)) = running.next().now_or_never() {
+                        finished.push(p);
+                    }
+                }
+                () = shared.ctx.wait_hard_stop() => {
+                    let left = running.len() as u64;
+                    tracing::warn!(queue = %config.queue, messages = left, "shutdown grace period over: messages are left in flight for recovery");
+                    stats.processed += left;
+                    stats.unacked += left;
+                    break;
+                }
+            }
+            continue;
+        }
+        // Nothing running, nothing to settle.
+        if stopping {
+            break;
+        }
+        if let Some(until) = paused {
+            tokio::select! {
+                biased;
+                () = shared.stopped() => break,
+                () = tokio::time::sleep_until(until) => {}
+            }
+            continue;
+        }
+        // The queue looked empty: wait as a one-message worker does.
+        dry = false;
+        match shared.reserve(None, &mut stats).await {
+            Ok(Some(delivery)) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                running.push(process_one(Arc::clone(&shared), delivery));
+            }
+            Ok(None) => {
+                backoff = config.backoff_min;
+                failing_since = None;
+                if shared.mode == Mode::Run {
+                    continue;
+                }
+                match shared.idle_in_drain().await {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(error) => {
+                        stats.transport_errors += 1;
+                        tracing::warn!(%error, "checking delayed messages failed");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(config.backoff_max);
+                    }
+                }
+            }
+            Err(error) => {
+                stats.transport_errors += 1;
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                tracing::warn!(
+                    queue = %config.queue,
+                    %error,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "reserve failed; reconnecting"
+                );
+                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
+                    lock(&shared.gave_up).get_or_insert(error);
+                    shared.halt();
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    () = shared.stopped() => {}
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(config.backoff_max);
+            }
+        }
+    }
+    shared.absorb(&mut finished, &mut acks, &mut stats);
+    for p in acks {
         shared.flush(p, &mut stats).await;
     }
     stats
@@ -395,6 +635,22 @@ async fn background(shared: Arc<Shared>, mut events: UnboundedReceiver<ConsumerE
     stats
 }
 
+/// The places of each batch worker (`ceil(concurrency / k)` workers sharing the
+/// `concurrency` places evenly), or `None`: one message per worker (`k` is 1).
+fn batch_places(config: &super::config::Config, hint: usize) -> Option<Vec<usize>> {
+    let c = config.concurrency.max(1);
+    let k = config.batch.unwrap_or(hint).clamp(1, c);
+    if k == 1 {
+        return None;
+    }
+    let workers = c.div_ceil(k);
+    Some(
+        (0..workers)
+            .map(|i| c / workers + usize::from(i < c % workers))
+            .collect(),
+    )
+}
+
 /// Runs a drain or a run of `app`.
 pub(crate) async fn consume<S>(ctx: Ctx, mode: Mode, shutdown: S) -> Result<Stats, DrainError>
 where
@@ -408,7 +664,9 @@ where
         mode,
         stop: AtomicBool::new(false),
         wake: Notify::new(),
-        busy: AtomicUsize::new(config.concurrency),
+        busy: AtomicUsize::new(
+            batch_places(&config, transport.batch_hint()).map_or(config.concurrency, |p| p.len()),
+        ),
         blocking: tokio::sync::Mutex::new(()),
         gave_up: Mutex::new(None),
         maint_stop: AtomicBool::new(false),
@@ -435,8 +693,17 @@ where
     let maint = tokio::spawn(background(Arc::clone(&shared), events));
 
     let mut workers = JoinSet::new();
-    for _ in 0..config.concurrency {
-        workers.spawn(worker(Arc::clone(&shared)));
+    match batch_places(&config, transport.batch_hint()) {
+        None => {
+            for _ in 0..config.concurrency {
+                workers.spawn(worker(Arc::clone(&shared)));
+            }
+        }
+        Some(places) => {
+            for n in places {
+                workers.spawn(batch_worker(Arc::clone(&shared), n));
+            }
+        }
     }
     let merge = |done: Result<Stats, tokio::task::JoinError>, stats: &mut Stats| match done {
         Ok(s) => stats.merge(&s),
