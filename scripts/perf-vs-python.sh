@@ -13,7 +13,8 @@
 #      (taskset), and runs every consumer pinned to CPU 1;
 #   4. alternating, RUNS times: the Python SDK's consume loop with idempotency.wrap over a
 #      Redis store of the Go layout (scripts/py_consumer_bench.py), the Rust consumer at
-#      concurrency 1 and 8 (seen-set mode) and 8 (lease mode), each also with
+#      concurrency 1, 8 and 32 (seen-set mode) and 8 and 32 (lease mode), at 8 and 32 also
+#      with --batch 1 (one message per worker: the consumer before batches), and with
 #      --no-pipelining (every operation a round trip of its own: the baseline), each over
 #      the same pre-loaded bytes (babelqueue-bench --preload-only), and
 #      `redis-benchmark -c 1` for the round-trip time;
@@ -109,6 +110,10 @@ for run in $(seq 1 "$RUNS"); do
   record "rust c8 lease" "$(rust 8 lease)"
   record "rust c32 seen" "$(rust 32 seen)"
   record "rust c32 lease" "$(rust 32 lease)"
+  # One message per worker (App::batch(1)): the consumer before batches, as the baseline.
+  record "rust c8 seen batch 1" "$(rust 8 seen '--batch 1')"
+  record "rust c32 seen batch 1" "$(rust 32 seen '--batch 1')"
+  record "rust c32 lease batch 1" "$(rust 32 lease '--batch 1')"
   record "rust c1 seen unpipelined" "$(rust 1 seen --no-pipelining)"
   record "rust c8 seen unpipelined" "$(rust 8 seen --no-pipelining)"
   record "rust c8 lease unpipelined" "$(rust 8 lease --no-pipelining)"
@@ -158,6 +163,7 @@ def cell(values, fmt):
     return "" if m != m else format(m, fmt)  # nan: not measured (the Python SDK)
 for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease",
               "rust c32 seen", "rust c32 lease",
+              "rust c8 seen batch 1", "rust c32 seen batch 1", "rust c32 lease batch 1",
               "rust c1 seen unpipelined", "rust c8 seen unpipelined",
               "rust c8 lease unpipelined"):
     m = med[label]

@@ -445,3 +445,87 @@ async fn one_at_a_time_a_delivery_costs_two_round_trips() {
         "without pipelining every command is a round trip: {reads_off} for {deliveries}"
     );
 }
+
+#[tokio::test]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn settle_and_reserve_acks_a_batch_and_refills_it_in_queue_order() {
+    use babelqueue::runtime::Settled;
+    let names = Names::new("batch");
+    let q = names.queue.as_str();
+    let t = RedisTransport::connect(&redis_url()).await.unwrap();
+    assert_eq!(t.batch_hint(), 16);
+    for i in 0..5 {
+        t.publish_raw(q, format!("m{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    // A refill with nothing to settle: three at once, in queue order.
+    let first = t.settle_and_reserve(&[], Some((q, 3))).await.unwrap();
+    let bodies: Vec<&[u8]> = first.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m0"[..], b"m1", b"m2"]);
+    assert_eq!(t.processing_len(q).await.unwrap(), 3);
+    assert_eq!(t.len(q).await.unwrap(), 2);
+    // m0 has a recovery counter: the batch ack drops it with the element.
+    let counters = format!("{{{q}}}:recoveries");
+    let sha: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg("m0")
+        .query_async(&mut raw().await)
+        .await
+        .unwrap();
+    let _: () = raw().await.hset(&counters, &sha, 1).await.unwrap();
+    // Two settled (the first with a store write), the refill asks for ten: two come.
+    let key = format!("{}id-B", names.prefix);
+    let write = PipelinedWrite::new(
+        t.pipeline_server().unwrap(),
+        ["SET", key.as_str(), "1", "NX"],
+    );
+    let settled = [
+        Settled {
+            delivery: &first[0],
+            writes: std::slice::from_ref(&write),
+        },
+        Settled::ack(&first[1]),
+    ];
+    let more = t.settle_and_reserve(&settled, Some((q, 10))).await.unwrap();
+    let bodies: Vec<&[u8]> = more.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m3"[..], b"m4"]);
+    let v: Option<String> = raw().await.get(&key).await.unwrap();
+    assert_eq!(v.as_deref(), Some("1"), "the write reached the server");
+    let left: bool = raw().await.hexists(&counters, &sha).await.unwrap();
+    assert!(!left, "the acked element's recovery counter is gone");
+    assert_eq!(t.processing_len(q).await.unwrap(), 3, "m2, m3, m4 held");
+    assert_eq!(t.len(q).await.unwrap(), 0);
+    // The rest settled with no refill; an empty queue refills nothing.
+    let rest: Vec<Settled<'_>> = [&first[2], &more[0], &more[1]]
+        .into_iter()
+        .map(Settled::ack)
+        .collect();
+    assert!(t.settle_and_reserve(&rest, None).await.unwrap().is_empty());
+    assert!(
+        t.settle_and_reserve(&[], Some((q, 4)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(t.processing_len(q).await.unwrap(), 0);
+    let _: () = raw().await.del(&counters).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
+async fn several_batch_workers_run_each_payment_once() {
+    let names = Names::new("batches");
+    let t = RedisTransport::connect(&redis_url()).await.unwrap();
+    // 32 places: the transport's batch of 16 makes two workers.
+    let (effects, stats, remembers) = drain_payments(&names, t.clone(), 400, 200, 32).await;
+    assert_eq!(effects, 400, "one effect per payment");
+    assert_eq!(
+        (stats.succeeded, stats.skipped, stats.acked, stats.unacked),
+        (400, 200, 600, 0)
+    );
+    assert_eq!(remembers, 0, "every remember went with a batch's acks");
+    assert_eq!(t.processing_len(&names.queue).await.unwrap(), 0);
+    assert_eq!(t.len(&names.queue).await.unwrap(), 0);
+}

@@ -154,6 +154,7 @@ where
             redis_cmds: 0,
             redis_reads: 0,
             client_cpu: 0.0,
+            allocations: 0,
             server_cpu: 0.0,
         };
         // Against the records loaded, not the high watermarks: tansu 0.6 reports a

@@ -201,6 +201,9 @@ struct Run {
     /// CPU time (user + system) of this process while it drained, in seconds (Redis
     /// broker only; 0 elsewhere).
     client_cpu: f64,
+    /// Heap allocations (and reallocations) of this process while it drained (Redis
+    /// broker only; 0 elsewhere).
+    allocations: u64,
     /// CPU time the Redis server used meanwhile (`INFO cpu`), in seconds (Redis broker
     /// only; 0 elsewhere).
     server_cpu: f64,
@@ -236,6 +239,33 @@ fn workload(n: usize, dup_frac: f64, seed: u64) -> Result<Vec<Vec<u8>>, BoxError
     all.shuffle(&mut rng);
     Ok(all)
 }
+
+/// Counts this process's heap allocations (one relaxed atomic add per allocation, in
+/// every configuration alike), for `allocs_per_delivery`.
+struct CountingAlloc;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator; only adds a counter.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// CPU time (user + system) this process has used so far (`getrusage`).
 fn process_cpu() -> f64 {
@@ -509,6 +539,7 @@ where
                 redis_cmds: 0,
                 redis_reads: 0,
                 client_cpu: 0.0,
+                allocations: 0,
                 server_cpu: 0.0,
             });
         }
@@ -540,6 +571,7 @@ where
             redis_cmds,
             redis_reads,
             client_cpu: 0.0,
+            allocations: 0,
             server_cpu: 0.0,
         };
         let left = match amqp::ready(&admin, &queue).await? {
@@ -603,6 +635,7 @@ where
             redis_cmds,
             redis_reads,
             client_cpu: 0.0,
+            allocations: 0,
             server_cpu: 0.0,
         };
         let left = match sqs::left(&transport, &queue).await? {
@@ -648,9 +681,11 @@ where
     let reads_before = reads_processed(raw).await?;
     let server_before = server_cpu(raw).await?;
     let cpu_before = process_cpu();
+    let allocs_before = ALLOCATIONS.load(Ordering::Relaxed);
     let start = Instant::now();
     let stats = app.drain().await?;
     let secs = start.elapsed().as_secs_f64();
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocs_before;
     let client_cpu = process_cpu() - cpu_before;
     let server_after = server_cpu(raw).await?;
     let reads_after = reads_processed(raw).await?;
@@ -664,6 +699,7 @@ where
         // The four INFO calls between the marks are left out.
         redis_reads: (reads_after - reads_before).saturating_sub(3),
         client_cpu,
+        allocations,
         server_cpu: server_after - server_before,
     };
     let n = args.n as u64;
@@ -798,8 +834,9 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     );
     let cpu = if median.client_cpu > 0.0 {
         format!(
-            " client_cpu_us_per_delivery={:.2} server_cpu_share={:.2}",
+            " client_cpu_us_per_delivery={:.2} allocs_per_delivery={:.1} server_cpu_share={:.2}",
             median.client_cpu * 1e6 / median.deliveries as f64,
+            median.allocations as f64 / median.deliveries as f64,
             median.server_cpu / median.secs
         )
     } else {

@@ -6,6 +6,7 @@
 //! | produce | `RPUSH <queue> <element>` — the element IS the envelope, byte for byte |
 //! | reserve | `BLMOVE <queue> {<queue>}:processing:<consumer-id> LEFT RIGHT <timeout>` (`LMOVE` for a zero timeout) |
 //! | ack | one script: `LREM {<queue>}:processing:<consumer-id> 1 <element>` (+ `HDEL` of its recovery counter when the queue has any) |
+//! | settle a batch, refill it | one pipeline: the handed-over store writes, one script acking every element (`LREM` each), one script moving up to `n` messages into the own list (`LRANGE`, `LTRIM`, `RPUSH`) ([`settle_and_reserve`](Transport::settle_and_reserve)) |
 //! | requeue | one script: `LREM` own list + `ZADD {<queue>}:delayed <due ms> <token><element>`, or `RPUSH <queue>` when the delay is zero |
 //! | promote due | one script: `ZRANGEBYSCORE … LIMIT`, `ZREM`, `RPUSH <queue>` |
 //! | heartbeat | one script: `SET {<queue>}:heartbeat:<id> 1 PX <ttl>` + `ZADD {<queue>}:consumers <expiry> <id>` |

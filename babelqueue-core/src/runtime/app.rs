@@ -80,10 +80,12 @@ pub enum PublishError {
 /// at the same time: the guard gives each key one turn at a time, so the second waits and
 /// then takes the normal path (skipped once the first remembered it).
 ///
-/// [`concurrency`](Self::concurrency) workers (tokio tasks) each reserve and handle one
-/// message at a time, so up to that many are in flight and their round trips to the
-/// broker overlap. When the queue is empty one worker at a time blocks in the transport's
-/// reserve. Transport failures never stop the loop: it backs off and reconnects.
+/// Up to [`concurrency`](Self::concurrency) messages are in flight at once and their
+/// round trips to the broker overlap: one worker (a tokio task) per message, or, where the
+/// transport batches ([`batch`](Self::batch): Redis by default), fewer workers that each
+/// hold several, settle them and take more in one round trip. When the queue is empty one
+/// worker at a time blocks in the transport's reserve. Transport failures never stop the
+/// loop: it backs off and reconnects.
 ///
 /// ```
 /// use babelqueue_core::runtime::{App, InMemoryTransport};
