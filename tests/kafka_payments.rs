@@ -16,7 +16,7 @@
 
 mod kafka_support;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -347,6 +347,9 @@ impl ConsumerProcess {
             .env("BQ_BROKER", broker.url())
             .env("BQ_QUEUE", queue)
             .env("BQ_PREFIX", prefix)
+            // 80 charges/s per process (concurrency 4): a partition of ~200 records lasts
+            // seconds, so the one killed still has work on its partitions when it dies.
+            .env("BQ_HANDLER_MS", "50")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -416,19 +419,38 @@ async fn a_consumer_sigkilled_mid_run_loses_nothing_and_the_group_rebalances() {
         format!("{prefix}:by:{}", b.pid()),
     );
     let start = Instant::now();
-    // Both are in the group and working: kill one mid-run.
+    // Both are in the group and working: kill one mid-run, while it is still taking new
+    // records (more than 8 charges in the last 250 ms, twice its concurrency of 4: more than
+    // what it had already reserved), so that it holds a partition with work left that only
+    // a rebalance can hand to the survivor. Without this the test passed once against tansu
+    // with no rebalance at all, 2.4 s after the kill: the member killed had no work left on
+    // its partitions, and the survivor's own were all that remained.
+    let mut a_history = VecDeque::<(Instant, u64)>::new();
     loop {
         let n: u64 = effects.scard(&charged_key).await.unwrap();
         let (na, nb): (u64, u64) = (
             effects.scard(&by_a).await.unwrap(),
             effects.scard(&by_b).await.unwrap(),
         );
-        if na > 0 && nb > 0 && n >= N / 5 {
+        let now = Instant::now();
+        a_history.push_back((now, na));
+        while a_history
+            .get(1)
+            .is_some_and(|(t, _)| now.duration_since(*t) >= Duration::from_millis(250))
+        {
+            a_history.pop_front();
+        }
+        let window = a_history
+            .front()
+            .filter(|(t, _)| now.duration_since(*t) >= Duration::from_millis(250))
+            .map(|(_, then)| na - then);
+        if nb > 0 && n >= N / 5 && window.is_some_and(|recent| recent > 8) {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(90),
-            "no progress: {n} (a {na}, b {nb})"
+            "never both working (the one to kill still taking records): {n} charged (a {na}, \
+             b {nb}, a in the last 250 ms {window:?})"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
