@@ -228,6 +228,9 @@ where
     R: HandlerResult,
     R::Error: Into<BoxError>,
 {
+    // The handler's future is moved to the heap once, by itself: the wrapper around it
+    // stays small (a large future moved into the wrapper would be copied twice).
+    let fut = Box::pin(fut);
     Box::pin(async move {
         let (r, o) = capture_outcome(fut).await;
         into_output(r, o)

@@ -336,7 +336,7 @@ pub fn encode_element(body: &[u8], headers: Option<&Headers>) -> Result<Vec<u8>,
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// Whether a parsed JSON object is a header frame by the family's rule (the Python SDK's
