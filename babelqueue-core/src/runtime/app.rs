@@ -272,8 +272,11 @@ impl App {
     /// shutdown are unchanged.
     ///
     /// Default: the transport's [`batch_hint`](Transport::batch_hint) (16 on Redis with
-    /// pipelining, 1 elsewhere: one message per worker); `1` turns batches off. Never more
-    /// than `concurrency`, so `concurrency(1)` handles messages one at a time, in order.
+    /// pipelining, 1 elsewhere: one message per worker), and at most half of
+    /// `concurrency`, so that at least two workers overlap their round trips
+    /// (`concurrency(8)` on Redis: two workers of 4; `concurrency(32)`: two of 16). `1`
+    /// turns batches off. Never more than `concurrency`, so `concurrency(1)` handles
+    /// messages one at a time, in order.
     ///
     /// ```
     /// use babelqueue_core::runtime::{App, InMemoryTransport};
