@@ -529,3 +529,58 @@ async fn several_batch_workers_run_each_payment_once() {
     assert_eq!(t.processing_len(&names.queue).await.unwrap(), 0);
     assert_eq!(t.len(&names.queue).await.unwrap(), 0);
 }
+
+#[tokio::test]
+#[ignore = "needs redis-server on the PATH (starts its own on port 17464, stopped by pid)"]
+async fn a_server_without_the_batch_scripts_gets_them_and_the_batch_goes_through() {
+    use babelqueue::runtime::Settled;
+    // A fresh server has an empty script cache, as one restarted mid-run has: the first
+    // batch meets NOSCRIPT, loads the scripts and is sent again.
+    let server = fleet_support::RedisServer::start(17464, &[]);
+    let q = "bq-test:pipe:noscript";
+    let t = RedisTransport::connect(&server.url()).await.unwrap();
+    for i in 0..3 {
+        t.publish_raw(q, format!("m{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    let loads = || {
+        server
+            .command_calls()
+            .get("script|load")
+            .copied()
+            .unwrap_or(0)
+    };
+    let got = t.settle_and_reserve(&[], Some((q, 2))).await.unwrap();
+    assert_eq!(got.len(), 2, "reserved once the scripts were loaded");
+    let after_first = loads();
+    assert!(after_first >= 2, "the batch scripts were loaded");
+    // Loaded once: the next batch finds them.
+    let acks: Vec<Settled<'_>> = got.iter().map(Settled::ack).collect();
+    let rest = t.settle_and_reserve(&acks, Some((q, 2))).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(loads(), after_first, "no second load");
+    assert_eq!(t.processing_len(q).await.unwrap(), 1, "two acked, one held");
+    // The cache emptied mid-run (as by a restart): the batch (an ack and a refill that
+    // finds nothing) is sent again after both scripts are loaded, and nothing is lost.
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    t.publish_raw(q, b"m3".to_vec()).await.unwrap();
+    let last = t
+        .settle_and_reserve(&[Settled::ack(&rest[0])], Some((q, 2)))
+        .await
+        .unwrap();
+    assert_eq!(loads(), after_first + 2, "both batch scripts loaded again");
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].element(), b"m3");
+    assert_eq!(t.processing_len(q).await.unwrap(), 1, "m2 acked, m3 held");
+    assert_eq!(t.len(q).await.unwrap(), 0);
+}

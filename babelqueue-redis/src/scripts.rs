@@ -30,7 +30,7 @@ end
 return n
 ";
 
-/// Ack of a batch (sent by `EVAL` in the settling pipeline): `LREM` of each element from
+/// Ack of a batch (sent by `EVALSHA` in the settling pipeline): `LREM` of each element from
 /// the own list, and, when the queue has recovery counters, the removed elements'
 /// counters dropped. KEYS: own list, recoveries. ARGV: the elements. Returns how many
 /// were removed in all (fewer than `#ARGV`: some were already acked or recovered).
@@ -47,7 +47,10 @@ end
 return removed
 ";
 
-/// Reserve of a batch (sent by `EVAL`): up to `ARGV[1]` messages from the head of the
+/// [`ACK_MANY_SOURCE`] as a script: its hash for `EVALSHA` in the settling pipeline.
+pub(crate) static ACK_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACK_MANY_SOURCE));
+
+/// Reserve of a batch (sent by `EVALSHA`): up to `ARGV[1]` messages from the head of the
 /// queue to the tail of the own list, in queue order, atomically (one `LRANGE`, `LTRIM`
 /// and `RPUSH`). KEYS: queue, own list. Returns the moved elements (empty: none ready).
 pub(crate) const RESERVE_MANY_SOURCE: &str = r"
@@ -58,6 +61,10 @@ if #moved > 0 then
 end
 return moved
 ";
+
+/// [`RESERVE_MANY_SOURCE`] as a script: its hash for `EVALSHA`.
+pub(crate) static RESERVE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RESERVE_MANY_SOURCE));
 
 /// Requeue: `LREM` own list, then `RPUSH` the new element on the queue (delay 0) or `ZADD`
 /// it to the delayed set scored by now + delay. Only when the `LREM` removed the delivery:

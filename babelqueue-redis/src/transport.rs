@@ -817,6 +817,16 @@ impl RedisTransport {
         }
     }
 
+    /// Loads the batch scripts into the server's script cache (`SCRIPT LOAD`).
+    async fn load_batch_scripts(&self) -> Result<(), TransportError> {
+        for source in [scripts::ACK_MANY_SOURCE, scripts::RESERVE_MANY_SOURCE] {
+            let _: String = self
+                .run(redis::cmd("SCRIPT").arg("LOAD").arg(source))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// A batch's store writes and acks, then (with `next`) up to `n` messages reserved,
     /// in one pipeline: every settled delivery's writes first (each delivery's before
     /// its ack), then one script acking them all per queue, then one script moving up to
@@ -826,6 +836,23 @@ impl RedisTransport {
         settled: &[Settled<'_>],
         next: Option<(&str, usize)>,
     ) -> Result<Vec<Delivery>, TransportError> {
+        // `None`: the server did not have the scripts (first use, or it restarted); they
+        // did not run and are loaded now, and the store writes are idempotent: once more.
+        match self.settle_many_once(settled, next).await? {
+            Some(got) => Ok(got),
+            None => self
+                .settle_many_once(settled, next)
+                .await?
+                .ok_or_else(|| TransportError::backend("the batch scripts cannot be loaded")),
+        }
+    }
+
+    /// One try of [`settle_many`](Self::settle_many); `None` when the scripts were missing.
+    async fn settle_many_once(
+        &self,
+        settled: &[Settled<'_>],
+        next: Option<(&str, usize)>,
+    ) -> Result<Option<Vec<Delivery>>, TransportError> {
         let next = next
             .filter(|(_, n)| *n > 0)
             .map(|(q, n)| (q, n.min(MAX_RESERVE_BATCH)));
@@ -847,9 +874,21 @@ impl RedisTransport {
             }
         }
         for queue in &queues {
+            let mut acked = settled.iter().filter(|s| s.delivery.queue() == *queue);
+            if let (Some(one), None) = (acked.next(), acked.next())
+                && !self.local(queue, |q| q.recoveries)
+            {
+                // One ack and no recovery counters: the plain `LREM` costs the server less
+                // than the script.
+                pipe.cmd("LREM")
+                    .arg(self.own_list(queue))
+                    .arg(1)
+                    .arg(one.delivery.element());
+                continue;
+            }
             let cmd = pipe
-                .cmd("EVAL")
-                .arg(scripts::ACK_MANY_SOURCE)
+                .cmd("EVALSHA")
+                .arg(scripts::ACK_MANY.get_hash())
                 .arg(2)
                 .arg(self.own_list(queue))
                 .arg(recoveries_hash(queue));
@@ -858,9 +897,18 @@ impl RedisTransport {
             }
         }
         let _gate = match next {
+            Some((queue, 1)) => {
+                // One place free: the plain `LMOVE`, as a one-message worker reserves.
+                pipe.cmd("LMOVE")
+                    .arg(queue)
+                    .arg(self.own_list(queue))
+                    .arg("LEFT")
+                    .arg("RIGHT");
+                Some(self.inner.reserve_gate.read().await)
+            }
             Some((queue, n)) => {
-                pipe.cmd("EVAL")
-                    .arg(scripts::RESERVE_MANY_SOURCE)
+                pipe.cmd("EVALSHA")
+                    .arg(scripts::RESERVE_MANY.get_hash())
                     .arg(2)
                     .arg(queue)
                     .arg(self.own_list(queue))
@@ -885,6 +933,17 @@ impl RedisTransport {
                 return Err(e);
             }
         };
+        if replies
+            .iter()
+            .skip(writes)
+            .any(|r| matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)))
+        {
+            // The server's script cache is empty (a restart, `SCRIPT FLUSH`): the scripts
+            // did not run, so nothing was acked or moved. Load them; the caller acks each
+            // delivery on its own, and the next refill finds them.
+            self.load_batch_scripts().await?;
+            return Ok(None);
+        }
         let mut replies = replies.into_iter();
         for reply in replies.by_ref().take(writes) {
             if let Err(e) = reply {
@@ -923,7 +982,7 @@ impl RedisTransport {
             });
         }
         let Some((queue, _)) = next else {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         };
         match replies.next() {
             Some(Ok(Value::Array(elements))) => {
@@ -944,12 +1003,18 @@ impl RedisTransport {
                         q.hold(e);
                     }
                 });
-                Ok(got
-                    .into_iter()
-                    .map(|e| Delivery::new(queue, e, 0))
-                    .collect())
+                Ok(Some(
+                    got.into_iter()
+                        .map(|e| Delivery::new(queue, e, 0))
+                        .collect(),
+                ))
             }
-            Some(Ok(Value::Nil)) => Ok(Vec::new()),
+            Some(Ok(Value::Nil)) => Ok(Some(Vec::new())),
+            Some(Ok(Value::BulkString(e))) => {
+                // The reply of a one-place `LMOVE`.
+                self.local(queue, |q| q.hold(&e));
+                Ok(Some(vec![Delivery::new(queue, e, 0)]))
+            }
             Some(Ok(other)) => {
                 self.local(queue, |q| q.check_orphans = true);
                 Err(TransportError::backend(format!(
