@@ -202,6 +202,53 @@ impl Shared {
 }
 
 impl Shared {
+    /// Drain, the queue looked empty ([`idle_in_drain`](Self::idle_in_drain)); a failed
+    /// check is counted and waited out. `true`: the drain is over.
+    async fn idle(&self, backoff: &mut Duration, stats: &mut Stats) -> bool {
+        match self.idle_in_drain().await {
+            Ok(over) => over,
+            Err(error) => {
+                stats.transport_errors += 1;
+                tracing::warn!(%error, "checking delayed messages failed");
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(self.ctx.config.backoff_max);
+                false
+            }
+        }
+    }
+
+    /// A reserve failed: counted, logged, and waited out with a growing backoff; a drain
+    /// failing for longer than `give_up_after` gives up. `true`: stop this worker.
+    async fn reserve_failed(
+        &self,
+        error: TransportError,
+        backoff: &mut Duration,
+        failing_since: &mut Option<Instant>,
+        stats: &mut Stats,
+    ) -> bool {
+        let config = &self.ctx.config;
+        stats.transport_errors += 1;
+        let since = *failing_since.get_or_insert_with(Instant::now);
+        tracing::warn!(
+            queue = %config.queue,
+            %error,
+            retry_in_ms = backoff.as_millis() as u64,
+            "reserve failed; reconnecting"
+        );
+        if self.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
+            lock(&self.gave_up).get_or_insert(error);
+            self.halt();
+            return true;
+        }
+        tokio::select! {
+            biased;
+            () = self.stopped() => {}
+            () = tokio::time::sleep(*backoff) => {}
+        }
+        *backoff = (*backoff * 2).min(config.backoff_max);
+        false
+    }
+
     /// Drain, the queue looked empty: waits while another worker is still busy (its
     /// message may come back as a retry); the last one to go idle checks the delayed
     /// messages and ends the drain when there are none. `Ok(true)`: the drain is over
@@ -316,37 +363,17 @@ async fn worker(shared: Arc<Shared>) -> Stats {
                 if shared.mode == Mode::Run {
                     continue;
                 }
-                match shared.idle_in_drain().await {
-                    Ok(true) => break,
-                    Ok(false) => {}
-                    Err(error) => {
-                        stats.transport_errors += 1;
-                        tracing::warn!(%error, "checking delayed messages failed");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(config.backoff_max);
-                    }
+                if shared.idle(&mut backoff, &mut stats).await {
+                    break;
                 }
             }
             Err(error) => {
-                stats.transport_errors += 1;
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                tracing::warn!(
-                    queue = %config.queue,
-                    %error,
-                    retry_in_ms = backoff.as_millis() as u64,
-                    "reserve failed; reconnecting"
-                );
-                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
-                    lock(&shared.gave_up).get_or_insert(error);
-                    shared.halt();
+                if shared
+                    .reserve_failed(error, &mut backoff, &mut failing_since, &mut stats)
+                    .await
+                {
                     break;
                 }
-                tokio::select! {
-                    biased;
-                    () = shared.stopped() => {}
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(config.backoff_max);
             }
         }
     }
@@ -538,37 +565,17 @@ async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
                 if shared.mode == Mode::Run {
                     continue;
                 }
-                match shared.idle_in_drain().await {
-                    Ok(true) => break,
-                    Ok(false) => {}
-                    Err(error) => {
-                        stats.transport_errors += 1;
-                        tracing::warn!(%error, "checking delayed messages failed");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(config.backoff_max);
-                    }
+                if shared.idle(&mut backoff, &mut stats).await {
+                    break;
                 }
             }
             Err(error) => {
-                stats.transport_errors += 1;
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                tracing::warn!(
-                    queue = %config.queue,
-                    %error,
-                    retry_in_ms = backoff.as_millis() as u64,
-                    "reserve failed; reconnecting"
-                );
-                if shared.mode == Mode::Drain && since.elapsed() >= config.give_up_after {
-                    lock(&shared.gave_up).get_or_insert(error);
-                    shared.halt();
+                if shared
+                    .reserve_failed(error, &mut backoff, &mut failing_since, &mut stats)
+                    .await
+                {
                     break;
                 }
-                tokio::select! {
-                    biased;
-                    () = shared.stopped() => {}
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(config.backoff_max);
             }
         }
     }
