@@ -358,7 +358,7 @@ impl Envelope {
     pub fn from_value(value: Value) -> Result<Self, DecodeError> {
         let top = match Shape::of_value(value, &TOP) {
             Shape::Object(Picked {
-                fields: [job, urn, trace_id, data, meta, attempts],
+                fields: [job, urn, trace_id, data, attempts, meta],
                 rest,
             }) => Shape::Object(TopFields {
                 fields: [job, urn, trace_id, data, attempts],
@@ -482,7 +482,7 @@ impl<'de> Deserialize<'de> for Envelope {
 
 /// The top-level fields the acceptance rules read. `dead_letter` is not among them: a
 /// malformed block stays in `extra` where it was.
-const TOP: [&str; 6] = ["job", "urn", "trace_id", "data", "meta", "attempts"];
+const TOP: [&str; 6] = ["job", "urn", "trace_id", "data", "attempts", "meta"];
 
 /// The `meta` fields the acceptance rules read; the others are `meta.extra`.
 const META: [&str; 5] = ["id", "queue", "lang", "schema_version", "created_at"];
@@ -495,8 +495,8 @@ struct Picked<const N: usize> {
     rest: Map<String, Value>,
 }
 
-/// An envelope's object with its fields taken out: `job`, `urn`, `trace_id`, `data`,
-/// `attempts`, and `meta` with its own [`META`] fields taken out.
+/// An envelope's object with its fields taken out: `job`, `urn`, `trace_id`, `data` and
+/// `attempts` (TOP's order), and `meta` with its own [`META`] fields taken out.
 struct TopFields {
     fields: [Option<Value>; 5],
     meta: Option<Shape<Picked<5>>>,
@@ -627,10 +627,11 @@ impl<'de> serde::de::Visitor<'de> for PickTop {
             rest: Map::new(),
         };
         while let Some(key) = map.next_key_seed(Name(&TOP))? {
-            // TOP's order: job, urn, trace_id, data, meta, attempts.
+            // `meta`, last of TOP, is picked in turn; the others are values.
             match key {
-                Named::Picked(4) => top.meta = Some(map.next_value_seed(Pick(&META))?),
-                Named::Picked(5) => top.fields[4] = Some(map.next_value()?),
+                Named::Picked(i) if i == TOP.len() - 1 => {
+                    top.meta = Some(map.next_value_seed(Pick(&META))?);
+                }
                 Named::Picked(i) => top.fields[i] = Some(map.next_value()?),
                 Named::Other(name) => {
                     let value = map.next_value()?;
@@ -666,17 +667,19 @@ impl<const N: usize> serde::de::Visitor<'_> for Name<'_, N> {
     }
 
     fn visit_str<E>(self, key: &str) -> Result<Named, E> {
-        Ok(match self.0.iter().position(|n| *n == key) {
-            Some(i) => Named::Picked(i),
-            None => Named::Other(key.to_owned()),
-        })
+        Ok(self
+            .picked(key)
+            .unwrap_or_else(|| Named::Other(key.to_owned())))
     }
 
     fn visit_string<E>(self, key: String) -> Result<Named, E> {
-        Ok(match self.0.iter().position(|n| *n == key) {
-            Some(i) => Named::Picked(i),
-            None => Named::Other(key),
-        })
+        Ok(self.picked(&key).unwrap_or(Named::Other(key)))
+    }
+}
+
+impl<const N: usize> Name<'_, N> {
+    fn picked(&self, key: &str) -> Option<Named> {
+        self.0.iter().position(|n| *n == key).map(Named::Picked)
     }
 }
 
@@ -699,7 +702,7 @@ mod tests {
                 r#"{{"x":1,"job":"urn:x","y":2,{env},"x":3,"dead_letter":{{"reason":"failed"}}}}"#
             ),
             format!(r#"{{"job":"urn:x",{env},"dead_letter":"not a block","z":null}}"#),
-            format!(r#"{{"job":"urn:x",{env}}}"#),
+            format!(r#"{{"jo\u0062":"urn:x",{env}}}"#),
             format!(r#"{{"job":"urn:x",{env},"attempts":-0}}"#),
             format!(r#"{{"job":"urn:x",{env},"attempts":1.0}}"#),
             format!(r#"{{"job":"urn:x",{env},"attempts":4294967296}}"#),
