@@ -17,7 +17,9 @@
 #      Python SDK's consume loop (its pika transport, idempotency.wrap over the Redis store;
 #      scripts/py_consumer_bench.py --broker amqp), the Rust consumer (App over
 #      AmqpTransport, guard over the Redis store) at concurrency 1 and 8 (seen) and 8
-#      (lease), and the bare lapin consume + ack loop at prefetch 1 and 8 (the ceiling);
+#      (lease), and the bare lapin consume + ack loop at the same prefetch (2 x concurrency:
+#      the ceiling); then both at concurrency 8 with prefetch 8 (`--prefetch 8`, the
+#      transport's prefetch before 2 x concurrency) as the same-run baseline;
 #   5. prints a table of medians with ratios vs Python and vs the bare client at the same
 #      prefetch, and the store's Redis commands per delivery.
 set -euo pipefail
@@ -92,11 +94,11 @@ record() { # label line
   printf '%s\t%s\t%s\n' "$1" "$rate" "${cmds:-nan}" >>"$results"
   printf '  %-18s %s\n' "$1" "$2"
 }
-rust() { # concurrency mode|bare
+rust() { # concurrency mode|bare [bench flags, e.g. --prefetch 8]
   local extra=(--mode "$2")
   [ "$2" = bare ] && extra=(--bare)
   taskset -c "$CLIENT_CPU" "$BENCH" --broker amqp --amqp-url "$AMQP_URL" --url "$URL" \
-    --n "$N" --dup-frac "$DUP_FRAC" --concurrency "$1" "${extra[@]}" --runs 1 \
+    --n "$N" --dup-frac "$DUP_FRAC" --concurrency "$1" "${extra[@]}" "${@:3}" --runs 1 \
     2>"$dir/bench.err" | tail -1 || true
   # On a failed check the bench prints why on stderr: show it.
   grep -v '^run ' "$dir/bench.err" >&2 || true
@@ -118,6 +120,9 @@ for run in $(seq 1 "$RUNS"); do
   record "rust c8 lease" "$(rust 8 lease)"
   record "bare c1" "$(rust 1 bare)"
   record "bare c8" "$(rust 8 bare)"
+  # The prefetch before 2 x concurrency (= concurrency): the same-run baseline.
+  record "rust c8 seen p8" "$(rust 8 seen --prefetch 8)"
+  record "bare c8 p8" "$(rust 8 bare --prefetch 8)"
 done
 
 python3 - "$results" "$N" "$D" <<'PY'
@@ -130,15 +135,16 @@ for line in open(path):
     rates[label].append(float(rate)); cmds[label].append(float(c))
 med = {k: statistics.median(v) for k, v in rates.items()}
 py = med["python c1 seen"]
-bare = {"1": med["bare c1"], "8": med["bare c8"]}
+bare = {"1": med["bare c1"], "8": med["bare c8"], "p8": med["bare c8 p8"]}
 print()
 print(f"RabbitMQ; medians of {len(rates['python c1 seen'])} runs; N={n}, D={d}; "
       f"vs bare = against the bare lapin consume+ack loop at the same prefetch")
 print(f"{'consumer':<18} {'deliveries/s':>13} {'vs python':>10} {'vs bare':>9} {'store cmds/delivery':>20}")
-for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease", "bare c1", "bare c8"):
+for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease", "bare c1", "bare c8",
+              "rust c8 seen p8", "bare c8 p8"):
     m = med[label]
     c = statistics.median(cmds[label])
-    prefetch = "1" if " c1" in label else "8"
+    prefetch = "p8" if label.endswith(" p8") else "1" if " c1" in label else "8"
     vs_bare = "" if label.startswith("python") else f"{m / bare[prefetch]:.0%}"
     cs = "" if math.isnan(c) or label.startswith("bare") else f"{c:.2f}"
     print(f"{label:<18} {m:>13.0f} {m / py:>9.2f}x {vs_bare:>9} {cs:>20}")

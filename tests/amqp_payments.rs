@@ -241,13 +241,15 @@ async fn drain_rate_next_to_a_bare_client_loop() {
         .unwrap()
         .encode();
 
-    // The bare client: consume + ack, prefetch 8.
+    // The bare client: consume + ack, at the App's prefetch (2 × concurrency 8).
     let bare_q = unique_queue("rate-bare");
     for _ in 0..N {
         t.publish_raw(&bare_q, body.clone()).await.unwrap();
     }
     let (conn, ch) = raw_channel().await;
-    ch.basic_qos(8, BasicQosOptions::default()).await.unwrap();
+    ch.basic_qos(t.prefetch_for(8), BasicQosOptions::default())
+        .await
+        .unwrap();
     ch.queue_declare(
         bare_q.as_str().into(),
         QueueDeclareOptions::durable(),
@@ -288,7 +290,7 @@ async fn drain_rate_next_to_a_bare_client_loop() {
     let bare = N as f64 / start.elapsed().as_secs_f64();
     let _ = conn.close(200, "OK".into()).await;
 
-    // The App: decode, route, handler, ack; concurrency 8 = prefetch 8.
+    // The App: decode, route, handler, ack; concurrency 8, prefetch 16.
     let app_q = unique_queue("rate-app");
     for _ in 0..N {
         t.publish_raw(&app_q, body.clone()).await.unwrap();

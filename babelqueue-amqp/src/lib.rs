@@ -30,7 +30,7 @@ mod transport;
 pub use headers::PROJECTION_HEADERS;
 pub use headers::out_of_band;
 pub use names::{DELAY_QUEUE_GRACE, MAX_DELAY, dead_letter_queue, delay_bucket, delay_queue};
-pub use transport::AmqpTransport;
+pub use transport::{AmqpTransport, PREFETCH_PER_WORKER};
 
 /// The AMQP client this transport is built on (to inspect queues or messages yourself).
 pub use lapin;

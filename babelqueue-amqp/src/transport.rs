@@ -31,6 +31,14 @@ use crate::projection::properties;
 const TAG_BITS: u32 = 40;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 
+/// The prefetch (`basic.qos`) of a consumer an `App` starts, per worker of its
+/// concurrency: one message being handled and one waiting behind it in the client, so
+/// that an ack is not followed by a broker round trip before the next message. At most
+/// `concurrency` messages are handled at once whatever the prefetch; the rest of the
+/// window waits in the client (a crash or a shutdown puts it back on the queue, unacked).
+/// [`AmqpTransport::with_prefetch`] sets a fixed prefetch instead.
+pub const PREFETCH_PER_WORKER: u16 = 2;
+
 /// How long opening a connection may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -319,6 +327,9 @@ struct Inner {
     current: Mutex<Option<Arc<Conn>>>,
     next_consumer: AtomicU64,
     default_prefetch: std::sync::atomic::AtomicU16,
+    /// Set by [`AmqpTransport::with_prefetch`]: the prefetch of every consumer, instead of
+    /// [`PREFETCH_PER_WORKER`] × the runtime's concurrency.
+    fixed_prefetch: AtomicBool,
     /// Prefetch per consumed queue (set by `start_consumer`).
     prefetch: Mutex<HashMap<String, u16>>,
     /// Delay buckets used per queue (ms → last publish into it), kept across reconnects.
@@ -338,9 +349,11 @@ struct Inner {
 /// - **Queues** are declared as the other SDKs declare them (`durable`, no arguments),
 ///   once per queue per connection, so a Rust and a Python consumer share a queue; the
 ///   dead-letter queue `<queue>.dlq` too.
-/// - **Consume**: one channel per queue, manual ack, prefetch = the runtime's concurrency
-///   (or [`with_prefetch`](Self::with_prefetch)); the consumer starts on the first
-///   reserve. A delivery's body is the AMQP body byte for byte; its out-of-band headers
+/// - **Consume**: one channel per queue, manual ack, prefetch =
+///   [`PREFETCH_PER_WORKER`] × the runtime's concurrency (or
+///   [`with_prefetch`](Self::with_prefetch)): while each worker handles a message, the
+///   next one is already in the client, so a worker that acks does not wait a broker
+///   round trip for its next message. The consumer starts on the first reserve. A delivery's body is the AMQP body byte for byte; its out-of-band headers
 ///   are the AMQP headers minus the projection's `x-*` headers and RabbitMQ's
 ///   dead-lettering headers (`x-death`, …).
 /// - **Retries without holding a worker**: a requeue after a delay publishes the new copy
@@ -442,15 +455,22 @@ impl AmqpTransport {
                 current: Mutex::new(None),
                 next_consumer: AtomicU64::new(0),
                 default_prefetch: std::sync::atomic::AtomicU16::new(1),
+                fixed_prefetch: AtomicBool::new(false),
                 prefetch: Mutex::new(HashMap::new()),
                 delays: Mutex::new(HashMap::new()),
             }),
         })
     }
 
-    /// The prefetch of a consumer started by a reserve without
-    /// [`start_consumer`](Transport::start_consumer) (which an `App` calls with its
-    /// concurrency), default 1. Clones share it; set it before the first reserve.
+    /// A fixed prefetch (`basic.qos`) for every consumer of this transport and its clones,
+    /// instead of the default: [`PREFETCH_PER_WORKER`] × the concurrency an `App` starts
+    /// its consumer with ([`start_consumer`](Transport::start_consumer)), and 1 for a
+    /// consumer started by a plain [`reserve`](Transport::reserve). Set it before the
+    /// first reserve; 0 counts as 1.
+    ///
+    /// A smaller prefetch holds fewer messages away from other consumers of the queue; a
+    /// prefetch equal to the concurrency makes each worker wait a broker round trip for
+    /// its next message after each ack.
     ///
     /// ```
     /// let t = babelqueue_amqp::AmqpTransport::lazy("amqp://127.0.0.1")?.with_prefetch(16);
@@ -460,7 +480,32 @@ impl AmqpTransport {
         self.inner
             .default_prefetch
             .store(prefetch.max(1), Ordering::Relaxed);
+        self.inner.fixed_prefetch.store(true, Ordering::Relaxed);
         self
+    }
+
+    /// The prefetch a consumer started for `concurrency` workers gets: the fixed one of
+    /// [`with_prefetch`](Self::with_prefetch), else [`PREFETCH_PER_WORKER`] ×
+    /// `concurrency` (at most `u16::MAX`).
+    ///
+    /// ```
+    /// use babelqueue_amqp::{AmqpTransport, PREFETCH_PER_WORKER};
+    /// let t = AmqpTransport::lazy("amqp://127.0.0.1")?;
+    /// assert_eq!(t.prefetch_for(8), 8 * PREFETCH_PER_WORKER);
+    /// assert_eq!(t.prefetch_for(100_000), u16::MAX);
+    /// assert_eq!(t.with_prefetch(8).prefetch_for(32), 8);
+    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// ```
+    pub fn prefetch_for(&self, concurrency: usize) -> u16 {
+        if self.inner.fixed_prefetch.load(Ordering::Relaxed) {
+            return self.inner.default_prefetch.load(Ordering::Relaxed);
+        }
+        u16::try_from(
+            concurrency
+                .max(1)
+                .saturating_mul(usize::from(PREFETCH_PER_WORKER)),
+        )
+        .unwrap_or(u16::MAX)
     }
 
     /// The current connection, opened (again) when there is none or it was lost.
@@ -909,9 +954,7 @@ impl Transport for AmqpTransport {
         options: &'a ConsumerOptions,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let prefetch = u16::try_from(options.concurrency())
-                .unwrap_or(u16::MAX)
-                .max(1);
+            let prefetch = self.prefetch_for(options.concurrency());
             self.start_consumer_impl(queue, prefetch).await
         })
     }

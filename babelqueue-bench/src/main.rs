@@ -25,11 +25,11 @@
 //!
 //! `--broker amqp` runs the same workload on RabbitMQ (`--amqp-url`): each run loads the
 //! bytes onto a fresh queue `bench.payments.<uuid>` (the family's projection, persistent,
-//! confirmed; not timed), drains it with the real `App` over `AmqpTransport` (prefetch =
-//! `--concurrency`), checks effects, skips and that the queue is empty, and deletes it.
+//! confirmed; not timed), drains it with the real `App` over `AmqpTransport` (its
+//! prefetch: 2 × `--concurrency`, or `--prefetch`), checks effects, skips and that the queue is empty, and deletes it.
 //! `--url` is then only the Redis store's server (its commands per delivery are the
 //! store's). `--bare` drains the same queue with a bare lapin consume + ack loop
-//! (prefetch = `--concurrency`, no runtime, no guard): the client's ceiling.
+//! (the same prefetch, no runtime, no guard): the client's ceiling.
 //!
 //! ```text
 //! cargo run --release -p babelqueue-bench -- --broker amqp --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f --concurrency 8
@@ -133,10 +133,15 @@ struct Args {
     /// `bench.payments.<uuid>`, printed). Timed runs always use a fresh queue each.
     #[arg(long)]
     queue: Option<String>,
-    /// `--broker amqp`: drain with a bare lapin consume + ack loop (prefetch =
-    /// `--concurrency`) instead of the runtime: no guard, no store.
+    /// `--broker amqp`: drain with a bare lapin consume + ack loop (at the prefetch the
+    /// `App` would have, see `--prefetch`) instead of the runtime: no guard, no store.
     #[arg(long)]
     bare: bool,
+    /// `--broker amqp`: the consumer's prefetch, for the `App` (`AmqpTransport::with_prefetch`)
+    /// and the bare loop alike. Default: the transport's own, `PREFETCH_PER_WORKER` (2) ×
+    /// `--concurrency`.
+    #[arg(long)]
+    prefetch: Option<u16>,
     /// Distinct payments.
     #[arg(long, default_value_t = 20_000)]
     n: usize,
@@ -524,7 +529,13 @@ where
         amqp::preload(&args.amqp_url, &queue, bodies).await?;
         let total = bodies.len() as u64;
         let n = args.n as u64;
-        let prefetch = u16::try_from(args.concurrency).unwrap_or(u16::MAX);
+        // Connected before the timed drain, as the bare loop's connection is.
+        let transport = AmqpTransport::open(&args.amqp_url).await?;
+        let transport = match args.prefetch {
+            Some(p) => transport.with_prefetch(p),
+            None => transport,
+        };
+        let prefetch = transport.prefetch_for(args.concurrency);
         if args.bare {
             let secs = amqp::bare(&admin, &queue, prefetch, total).await?;
             let left = amqp::ready(&admin, &queue).await?.unwrap_or(0);
@@ -543,7 +554,6 @@ where
                 server_cpu: 0.0,
             });
         }
-        let transport = AmqpTransport::open(&args.amqp_url).await?;
         let effects = Arc::new(AtomicU64::new(0));
         let app = consumer(
             transport,
@@ -727,8 +737,8 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     if args.broker == Broker::Kafka && args.preload_only {
         return Err("--preload-only is for --broker redis and amqp".into());
     }
-    if args.broker == Broker::Amqp && args.concurrency > usize::from(u16::MAX) {
-        return Err("--concurrency is the AMQP prefetch: at most 65535".into());
+    if args.broker != Broker::Amqp && args.prefetch.is_some() {
+        return Err("--prefetch is for --broker amqp".into());
     }
     let bodies = workload(args.n, args.dup_frac, args.seed)?;
     if args.broker == Broker::Amqp && args.preload_only {
@@ -818,7 +828,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
     let median = &runs[runs.len() / 2];
     println!(
-        "broker={:?} bare={} store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={} nodelay={} batch={}",
+        "broker={:?} bare={} store={:?} mode={:?} concurrency={} n={} dup_frac={} runs={} pipelining={} nodelay={} batch={} prefetch={}",
         args.broker,
         args.bare,
         args.store,
@@ -830,7 +840,16 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         !args.no_pipelining,
         args.nodelay,
         args.batch
-            .map_or_else(|| "default".to_owned(), |k| k.to_string())
+            .map_or_else(|| "default".to_owned(), |k| k.to_string()),
+        match (args.broker, args.prefetch) {
+            (Broker::Amqp, Some(p)) => p.to_string(),
+            (Broker::Amqp, None) => args
+                .concurrency
+                .saturating_mul(usize::from(babelqueue::amqp::PREFETCH_PER_WORKER))
+                .min(usize::from(u16::MAX))
+                .to_string(),
+            _ => "-".to_owned(),
+        }
     );
     let cpu = if median.client_cpu > 0.0 {
         format!(
