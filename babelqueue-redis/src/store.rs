@@ -480,6 +480,24 @@ impl RedisStore {
         key
     }
 
+    /// `name <key of id>` as a command with room for `more` short arguments, the key
+    /// written into the command in place (no `String` of it).
+    fn key_cmd(&self, name: &str, id: &str, more: usize) -> redis::Cmd {
+        use redis::RedisWrite as _;
+        use std::io::Write as _;
+        let mut cmd = redis::Cmd::with_capacity(
+            2 + more,
+            name.len() + self.prefix.len() + id.len() + 16 * more,
+        );
+        cmd.arg(name);
+        let mut key = cmd.writer_for_next_arg();
+        // Writes into a `Vec<u8>`, which cannot fail.
+        let _ = key.write_all(self.prefix.as_bytes());
+        let _ = key.write_all(id.as_bytes());
+        drop(key);
+        cmd
+    }
+
     /// The underlying connection (a cheap clone), for commands of your own.
     pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
@@ -507,8 +525,8 @@ impl RedisStore {
         ttl: Option<Duration>,
     ) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.key(id)).arg(value).arg("NX");
+        let mut cmd = self.key_cmd("SET", id, 4);
+        cmd.arg(value).arg("NX");
         if let Some(ttl) = ttl.or(self.ttl) {
             cmd.arg("PX").arg(millis(ttl));
         }
@@ -548,17 +566,13 @@ impl RedisStore {
 
     async fn exists(&self, id: &str) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
-        let n: i64 = self
-            .query("seen", redis::cmd("EXISTS").arg(self.key(id)))
-            .await?;
+        let n: i64 = self.query("seen", &self.key_cmd("EXISTS", id, 0)).await?;
         Ok(n > 0)
     }
 
     async fn del(&self, id: &str) -> Result<(), RedisStoreError> {
         id_is_storable(id)?;
-        let _: i64 = self
-            .query("forget", redis::cmd("DEL").arg(self.key(id)))
-            .await?;
+        let _: i64 = self.query("forget", &self.key_cmd("DEL", id, 0)).await?;
         Ok(())
     }
 
@@ -713,10 +727,13 @@ impl AsyncStore for RedisStore {
         ttl: Option<Duration>,
         server: &str,
     ) -> Option<PipelinedWrite> {
-        if self.server.as_deref() != Some(server) || id_is_storable(id).is_err() {
+        let own = self.server.as_ref().filter(|own| &***own == server)?;
+        if id_is_storable(id).is_err() {
             return None;
         }
         let key = self.key(id);
+        // The store's own `Arc` of the server's name: no new one per write.
+        let server = Arc::clone(own);
         Some(match ttl.or(self.ttl) {
             Some(ttl) => PipelinedWrite::new(
                 server,

@@ -84,7 +84,8 @@ fn is_connection_error(e: &RedisError) -> bool {
 /// Appends the store writes handed over with an ack, each as one command.
 fn add_writes(pipe: &mut redis::Pipeline, writes: &[PipelinedWrite]) {
     for w in writes {
-        let mut cmd = redis::Cmd::new();
+        let bytes = w.args().iter().map(Vec::len).sum();
+        let mut cmd = redis::Cmd::with_capacity(w.args().len(), bytes);
         for a in w.args() {
             cmd.arg(a.as_slice());
         }
@@ -886,8 +887,14 @@ impl RedisTransport {
                     .arg(one.delivery.element());
                 continue;
             }
-            let cmd = pipe
-                .cmd("EVALSHA")
+            // Sized for its elements at once: they are whole bodies, and growing the
+            // command to fit them would copy each batch several times over.
+            let (elements, bytes) = settled
+                .iter()
+                .filter(|s| s.delivery.queue() == *queue)
+                .fold((0, 0), |(n, b), s| (n + 1, b + s.delivery.element().len()));
+            let mut cmd = redis::Cmd::with_capacity(5 + elements, 160 + 2 * queue.len() + bytes);
+            cmd.arg("EVALSHA")
                 .arg(scripts::ACK_MANY.get_hash())
                 .arg(2)
                 .arg(self.own_list(queue))
@@ -895,6 +902,7 @@ impl RedisTransport {
             for s in settled.iter().filter(|s| s.delivery.queue() == *queue) {
                 cmd.arg(s.delivery.element());
             }
+            pipe.add_command(cmd);
         }
         let _gate = match next {
             Some((queue, 1)) => {

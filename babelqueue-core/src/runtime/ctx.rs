@@ -130,6 +130,9 @@ pub(crate) struct Ctx {
     pub defer_acks: bool,
     /// The app's readiness (shared with its clones).
     pub readiness: Arc<ReadinessState>,
+    /// What a guard's owed write tells (see [`store_down_hook`](Self::store_down_hook)),
+    /// built once: every delivery's probe gets a clone.
+    store_down: crate::inflight::StoreDownHook,
 }
 
 impl Ctx {
@@ -151,6 +154,23 @@ impl Ctx {
         };
         let pipeline_server = transport.pipeline_server().map(Arc::from);
         let defer_acks = transport.combines_ack_and_reserve();
+        let store: Arc<StoreHealth> = Arc::default();
+        let store_down = {
+            let (health, readiness) = (Arc::clone(&store), Arc::clone(&readiness));
+            let (queue, min, max) = (
+                config.queue.clone(),
+                config.store_backoff_min,
+                config.store_backoff_max,
+            );
+            crate::inflight::StoreDownHook(Arc::new(move |down| {
+                if down {
+                    health.failed(min, max);
+                } else {
+                    health.ok();
+                }
+                readiness.store(&queue, down);
+            }))
+        };
         Ctx {
             pipeline_server,
             defer_acks,
@@ -160,30 +180,18 @@ impl Ctx {
             config,
             observer,
             policy,
-            store: Arc::default(),
+            store,
             hard_stop: AtomicBool::new(false),
             hard_notify: Notify::new(),
             readiness,
+            store_down,
         }
     }
 
     /// What a guard's owed write tells when it fails (`true`: the store is down, reserving
     /// pauses for the store backoff, not ready) and when it lands after failing.
     pub(crate) fn store_down_hook(&self) -> crate::inflight::StoreDownHook {
-        let (health, readiness) = (Arc::clone(&self.store), Arc::clone(&self.readiness));
-        let (queue, min, max) = (
-            self.config.queue.clone(),
-            self.config.store_backoff_min,
-            self.config.store_backoff_max,
-        );
-        crate::inflight::StoreDownHook(Arc::new(move |down| {
-            if down {
-                health.failed(min, max);
-            } else {
-                health.ok();
-            }
-            readiness.store(&queue, down);
-        }))
+        self.store_down.clone()
     }
 
     pub(crate) fn hard_stopped(&self) -> bool {

@@ -441,9 +441,13 @@ async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
     let mut backoff = config.backoff_min;
     let mut failing_since: Option<Instant> = None;
     let mut running = FuturesUnordered::new();
-    let mut finished: Vec<Processed> = Vec::new();
+    // Sized once for the worker's places, and kept (drained, never replaced), so that no
+    // batch grows them again: their elements are large (a delivery and its report).
+    let mut finished: Vec<Processed> = Vec::with_capacity(places);
     // Handled, their acks to send (with their store writes) in the next round trip.
-    let mut acks: Vec<PendingAck> = Vec::new();
+    let mut acks: Vec<PendingAck> = Vec::with_capacity(places);
+    // The acks of the round trip in progress (swapped with `acks`, so both keep theirs).
+    let mut sending: Vec<PendingAck> = Vec::with_capacity(places);
     // The last refill found fewer messages than places: refill again only with acks.
     let mut dry = false;
     loop {
@@ -456,7 +460,7 @@ async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
             places - running.len()
         };
         if !acks.is_empty() || (free > 0 && !dry) {
-            let sending = std::mem::take(&mut acks);
+            std::mem::swap(&mut sending, &mut acks);
             let next = (free > 0).then_some((queue, free));
             let r = {
                 let settled: Vec<Settled<'_>> = sending
@@ -473,7 +477,7 @@ async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
                 Ok(got) => {
                     backoff = config.backoff_min;
                     failing_since = None;
-                    for p in sending {
+                    for p in sending.drain(..) {
                         shared.finish(p, Ok(()), &mut stats);
                     }
                     dry = free > 0 && got.len() < free;
@@ -493,7 +497,7 @@ async fn batch_worker(shared: Arc<Shared>, places: usize) -> Stats {
                     );
                     // Which parts were done is unknown: the writes and the acks again, each
                     // on its own (each is idempotent), retried until done.
-                    for p in sending {
+                    for p in sending.drain(..) {
                         let r = beside(
                             shared.ctx.ack_with(&p.delivery, &p.deferred),
                             &mut running,
