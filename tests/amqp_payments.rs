@@ -316,3 +316,60 @@ async fn drain_rate_next_to_a_bare_client_loop() {
     delete_all(&bare_q).await;
     delete_all(&app_q).await;
 }
+
+/// An App's consumer holds `PREFETCH_PER_WORKER` × `concurrency` messages: `concurrency`
+/// of them in handlers, the rest waiting in the client, none more. Handlers are held on a
+/// semaphore until the broker's count is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn an_apps_consumer_holds_two_messages_per_worker() {
+    use babelqueue::amqp::PREFETCH_PER_WORKER;
+    const N: u32 = 12;
+    const CONCURRENCY: usize = 3;
+    let queue = unique_queue("prefetch");
+    let t = transport().await;
+    for i in 0..N {
+        let body = Envelope::new(CHARGE, json!({"payment_id": format!("pay_{i}")}))
+            .unwrap()
+            .encode();
+        t.publish_raw(&queue, body).await.unwrap();
+    }
+    assert_eq!(ready(&queue).await, N);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (g, s) = (gate.clone(), started.clone());
+    let app = App::new(t.clone())
+        .queue(&queue)
+        .concurrency(CONCURRENCY)
+        .batch(1)
+        .route_async(CHARGE, move |_env: Envelope| {
+            let (g, s) = (g.clone(), s.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                g.acquire().await.unwrap().forget();
+                Ok::<(), Gateway>(())
+            }
+        });
+    let drain = tokio::spawn(async move { app.drain().await });
+    // Held: what the broker still has ready is N minus the prefetch.
+    let held = u32::from(PREFETCH_PER_WORKER) * CONCURRENCY as u32;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut left = ready(&queue).await;
+    while (left > N - held || started.load(Ordering::SeqCst) < CONCURRENCY)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = ready(&queue).await;
+    }
+    assert_eq!(left, N - held, "the broker kept N minus the prefetch ready");
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        CONCURRENCY,
+        "only `concurrency` handlers run"
+    );
+    gate.add_permits(N as usize);
+    let stats = drain.await.unwrap().unwrap();
+    assert_eq!(stats.succeeded, u64::from(N));
+    assert_eq!(ready(&queue).await, 0);
+    delete_all(&queue).await;
+}
