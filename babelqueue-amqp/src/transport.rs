@@ -326,10 +326,10 @@ struct Inner {
     /// The current connection, readable without waiting for a reconnect in progress.
     current: Mutex<Option<Arc<Conn>>>,
     next_consumer: AtomicU64,
-    default_prefetch: std::sync::atomic::AtomicU16,
-    /// Set by [`AmqpTransport::with_prefetch`]: the prefetch of every consumer, instead of
-    /// [`PREFETCH_PER_WORKER`] × the runtime's concurrency.
-    fixed_prefetch: AtomicBool,
+    /// Set by [`AmqpTransport::with_prefetch`] (0: not set): the prefetch of every
+    /// consumer, instead of [`PREFETCH_PER_WORKER`] × the runtime's concurrency (or 1 for
+    /// a consumer started by a plain reserve).
+    fixed_prefetch: std::sync::atomic::AtomicU16,
     /// Prefetch per consumed queue (set by `start_consumer`).
     prefetch: Mutex<HashMap<String, u16>>,
     /// Delay buckets used per queue (ms → last publish into it), kept across reconnects.
@@ -353,8 +353,9 @@ struct Inner {
 ///   [`PREFETCH_PER_WORKER`] × the runtime's concurrency (or
 ///   [`with_prefetch`](Self::with_prefetch)): while each worker handles a message, the
 ///   next one is already in the client, so a worker that acks does not wait a broker
-///   round trip for its next message. The consumer starts on the first reserve. A delivery's body is the AMQP body byte for byte; its out-of-band headers
-///   are the AMQP headers minus the projection's `x-*` headers and RabbitMQ's
+///   round trip for its next message. The consumer starts on the first reserve. A
+///   delivery's body is the AMQP body byte for byte; its out-of-band headers are the AMQP
+///   headers minus the projection's `x-*` headers and RabbitMQ's
 ///   dead-lettering headers (`x-death`, …).
 /// - **Retries without holding a worker**: a requeue after a delay publishes the new copy
 ///   (confirmed) to a delay queue `<queue>.delay.<ms>` whose queue-level TTL dead-letters
@@ -396,8 +397,8 @@ impl std::fmt::Debug for AmqpTransport {
         f.debug_struct("AmqpTransport")
             .field("url", &redact(&self.inner.url))
             .field(
-                "default_prefetch",
-                &self.inner.default_prefetch.load(Ordering::Relaxed),
+                "fixed_prefetch",
+                &self.inner.fixed_prefetch.load(Ordering::Relaxed),
             )
             .finish_non_exhaustive()
     }
@@ -454,8 +455,7 @@ impl AmqpTransport {
                 conn: tokio::sync::Mutex::new(None),
                 current: Mutex::new(None),
                 next_consumer: AtomicU64::new(0),
-                default_prefetch: std::sync::atomic::AtomicU16::new(1),
-                fixed_prefetch: AtomicBool::new(false),
+                fixed_prefetch: std::sync::atomic::AtomicU16::new(0),
                 prefetch: Mutex::new(HashMap::new()),
                 delays: Mutex::new(HashMap::new()),
             }),
@@ -478,9 +478,8 @@ impl AmqpTransport {
     /// ```
     pub fn with_prefetch(self, prefetch: u16) -> Self {
         self.inner
-            .default_prefetch
+            .fixed_prefetch
             .store(prefetch.max(1), Ordering::Relaxed);
-        self.inner.fixed_prefetch.store(true, Ordering::Relaxed);
         self
     }
 
@@ -497,8 +496,9 @@ impl AmqpTransport {
     /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
     /// ```
     pub fn prefetch_for(&self, concurrency: usize) -> u16 {
-        if self.inner.fixed_prefetch.load(Ordering::Relaxed) {
-            return self.inner.default_prefetch.load(Ordering::Relaxed);
+        match self.inner.fixed_prefetch.load(Ordering::Relaxed) {
+            0 => {}
+            fixed => return fixed,
         }
         u16::try_from(
             concurrency
@@ -555,7 +555,7 @@ impl AmqpTransport {
         lock(&self.inner.prefetch)
             .get(queue)
             .copied()
-            .unwrap_or_else(|| self.inner.default_prefetch.load(Ordering::Relaxed))
+            .unwrap_or_else(|| self.inner.fixed_prefetch.load(Ordering::Relaxed).max(1))
     }
 
     /// The consumer of `queue` on `conn`, started when there is none (or its channel
