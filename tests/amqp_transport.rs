@@ -14,7 +14,7 @@ use babelqueue::Envelope;
 use babelqueue::amqp::lapin::options::QueueDeclareOptions;
 use babelqueue::amqp::lapin::types::{AMQPValue, FieldTable};
 use babelqueue::amqp::{AmqpTransport, delay_bucket, delay_queue};
-use babelqueue::runtime::{Headers, Republish, Transport};
+use babelqueue::runtime::{ConsumerOptions, Headers, Republish, Transport};
 use serde_json::{Value, json};
 
 fn conformance_dir() -> PathBuf {
@@ -416,6 +416,111 @@ async fn a_zero_timeout_reserve_waits_for_a_delivery_on_its_way_then_not_at_all(
         start.elapsed()
     );
     t.leave(&queue).await.unwrap();
+    assert_eq!(ready(&queue).await, 0);
+    delete_all(&queue).await;
+}
+
+/// Reserves the next delivery of `queue`, which must arrive within 5 s.
+async fn next_delivery(t: &AmqpTransport, queue: &str) -> babelqueue::runtime::Delivery {
+    t.reserve(queue, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no delivery of `{queue}` within 5 s"))
+}
+
+/// Publishes `n` envelopes of URNs `urn:babel:acks:m<i>`, returning their bodies in order.
+async fn publish_numbered(t: &AmqpTransport, queue: &str, n: usize) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    for i in 0..n {
+        let body = envelope(&format!("urn:babel:acks:m{i}"), 0);
+        t.publish_raw(queue, body.clone()).await.unwrap();
+        bodies.push(body);
+    }
+    bodies
+}
+
+/// Takes (and acks) what `queue` still holds, with a consumer of a new transport.
+async fn drain_rest(queue: &str) -> Vec<Vec<u8>> {
+    let t = transport().await;
+    let mut rest = Vec::new();
+    while let Some(d) = t.reserve(queue, Duration::from_secs(2)).await.unwrap() {
+        rest.push(d.body().to_vec());
+        t.ack(&d).await.unwrap();
+    }
+    t.leave(queue).await.unwrap();
+    rest
+}
+
+#[tokio::test]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn acks_waiting_above_a_gap_are_sent_when_it_closes_or_the_consumer_leaves() {
+    let queue = unique_queue("acks-gap");
+    let t = transport().await;
+    let bodies = publish_numbered(&t, &queue, 10).await;
+    // Two workers: prefetch 4, so up to 2 acks may wait above an open delivery.
+    t.start_consumer(&queue, &ConsumerOptions::new(2))
+        .await
+        .unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..4 {
+        taken.push(next_delivery(&t, &queue).await);
+    }
+    for (i, d) in taken.iter().enumerate() {
+        assert_eq!(d.body(), bodies[i], "delivered in order");
+    }
+    // 2 and 3 are acked while 1 is still open: they wait for it (within the hold).
+    t.ack(&taken[1]).await.unwrap();
+    t.ack(&taken[2]).await.unwrap();
+    // 1 closes the gap: one multiple ack settles 1, 2 and 3.
+    t.ack(&taken[0]).await.unwrap();
+    // 5 is acked above the open 4, then the consumer leaves: the waiting ack goes first,
+    // so only 4 comes back.
+    let fifth = next_delivery(&t, &queue).await;
+    assert_eq!(fifth.body(), bodies[4]);
+    t.ack(&fifth).await.unwrap();
+    t.leave(&queue).await.unwrap();
+    let rest = drain_rest(&queue).await;
+    let mut expected = vec![bodies[3].clone()];
+    expected.extend(bodies[5..].iter().cloned());
+    let mut got = rest.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(
+        got.len(),
+        6,
+        "the broker put back exactly the open delivery and the ones never handed out"
+    );
+    assert_eq!(got, expected, "no acked delivery came back, none was lost");
+    assert_eq!(ready(&queue).await, 0);
+    delete_all(&queue).await;
+}
+
+#[tokio::test]
+#[ignore = "needs RabbitMQ at 127.0.0.1:5672 (BABELQUEUE_AMQP_URL); CI runs it with --include-ignored"]
+async fn a_slow_delivery_does_not_hold_back_the_acks_behind_it() {
+    let queue = unique_queue("acks-slow");
+    let t = transport().await;
+    let bodies = publish_numbered(&t, &queue, 12).await;
+    t.start_consumer(&queue, &ConsumerOptions::new(2))
+        .await
+        .unwrap();
+    // The first delivery stays open (a slow handler) while the other eleven are taken and
+    // acked. Were their acks all kept waiting for it, the prefetch of 4 would be full of
+    // unacked messages after three, and the broker would deliver nothing more.
+    let slow = next_delivery(&t, &queue).await;
+    assert_eq!(slow.body(), bodies[0]);
+    for body in &bodies[1..] {
+        let d = next_delivery(&t, &queue).await;
+        assert_eq!(d.body(), &body[..]);
+        t.ack(&d).await.unwrap();
+    }
+    t.ack(&slow).await.unwrap();
+    t.leave(&queue).await.unwrap();
+    assert_eq!(
+        drain_rest(&queue).await,
+        Vec::<Vec<u8>>::new(),
+        "every ack arrived"
+    );
     assert_eq!(ready(&queue).await, 0);
     delete_all(&queue).await;
 }

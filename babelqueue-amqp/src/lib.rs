@@ -22,6 +22,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod acks;
 mod headers;
 mod names;
 mod projection;

@@ -22,6 +22,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 use tokio::time::Instant;
 
+use crate::acks::{AckBook, Frame};
 use crate::headers::out_of_band;
 use crate::names::{delay_bucket, delay_queue, delay_queue_expires, delay_queue_redeclare_after};
 use crate::projection::properties;
@@ -116,6 +117,74 @@ struct Consume {
     /// The stream delivered nothing within [`ACTIVE_GRACE`] of the last zero-timeout
     /// reserve that waited (reset by every delivery).
     quiet: AtomicBool,
+    /// The acks asked for and what has been sent ([`crate::acks`]).
+    acks: Mutex<AckBook>,
+    /// Held by whoever sends the book's frames, so they leave in the order planned.
+    sending: tokio::sync::Mutex<()>,
+}
+
+impl Consume {
+    /// Acks the delivery of AMQP tag `tag`: sent now, coalesced with the acks sent with
+    /// it, or (above a gap, within the book's hold) left to ride with the multiple ack
+    /// that closes the gap.
+    async fn ack(&self, tag: u64) -> Result<(), TransportError> {
+        lock(&self.acks).owe(tag);
+        self.send_acks().await
+    }
+
+    /// `tag` was rejected by a frame of its own: the floor may now move over it.
+    async fn rejected(&self, tag: u64) -> Result<(), TransportError> {
+        lock(&self.acks).settled(tag);
+        self.send_acks().await
+    }
+
+    /// Sends what the book has ready. When another caller is sending, it sends ours
+    /// too (it plans again until nothing is ready, and looks once more after it lets go).
+    async fn send_acks(&self) -> Result<(), TransportError> {
+        loop {
+            let Ok(sending) = self.sending.try_lock() else {
+                return Ok(());
+            };
+            loop {
+                let frames = lock(&self.acks).plan(false);
+                if frames.is_empty() {
+                    break;
+                }
+                self.send(frames).await?;
+            }
+            drop(sending);
+            // An ack owed after the last plan, by a caller that found `sending` held.
+            if !lock(&self.acks).ready(false) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends every owed ack (the consumer stops): what waits above a gap goes singly.
+    async fn flush_acks(&self) -> Result<(), TransportError> {
+        let _sending = self.sending.lock().await;
+        loop {
+            let frames = lock(&self.acks).plan(true);
+            if frames.is_empty() {
+                return Ok(());
+            }
+            self.send(frames).await?;
+        }
+    }
+
+    async fn send(&self, frames: Vec<Frame>) -> Result<(), TransportError> {
+        for frame in frames {
+            let (tag, multiple) = match frame {
+                Frame::UpTo(tag) => (tag, true),
+                Frame::One(tag) => (tag, false),
+            };
+            self.channel
+                .basic_ack(tag, BasicAckOptions { multiple })
+                .await
+                .map_err(map_err)?;
+        }
+        Ok(())
+    }
 }
 
 struct Stash {
@@ -330,8 +399,9 @@ struct Inner {
     /// consumer, instead of [`PREFETCH_PER_WORKER`] × the runtime's concurrency (or 1 for
     /// a consumer started by a plain reserve).
     fixed_prefetch: std::sync::atomic::AtomicU16,
-    /// Prefetch per consumed queue (set by `start_consumer`).
-    prefetch: Mutex<HashMap<String, u16>>,
+    /// Prefetch per consumed queue, and how many acks may wait above a gap (the window's
+    /// spare part, prefetch − concurrency; set by `start_consumer`).
+    prefetch: Mutex<HashMap<String, (u16, usize)>>,
     /// Delay buckets used per queue (ms → last publish into it), kept across reconnects.
     delays: Mutex<HashMap<String, BTreeMap<u64, Instant>>>,
 }
@@ -551,11 +621,13 @@ impl AmqpTransport {
         Ok(conn)
     }
 
-    fn prefetch_of(&self, queue: &str) -> u16 {
+    /// The prefetch of `queue`'s consumer and its ack hold (none for a consumer started by
+    /// a plain reserve: one worker, nothing spare).
+    fn prefetch_of(&self, queue: &str) -> (u16, usize) {
         lock(&self.inner.prefetch)
             .get(queue)
             .copied()
-            .unwrap_or_else(|| self.inner.fixed_prefetch.load(Ordering::Relaxed).max(1))
+            .unwrap_or_else(|| (self.inner.fixed_prefetch.load(Ordering::Relaxed).max(1), 0))
     }
 
     /// The consumer of `queue` on `conn`, started when there is none (or its channel
@@ -570,7 +642,7 @@ impl AmqpTransport {
         }
         lock(&conn.consumers).remove(queue);
         conn.declare(queue).await?;
-        let prefetch = self.prefetch_of(queue);
+        let (prefetch, hold) = self.prefetch_of(queue);
         let channel = conn.open_channel(false).await?;
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
@@ -599,6 +671,8 @@ impl AmqpTransport {
             }),
             outstanding: AtomicU64::new(0),
             quiet: AtomicBool::new(false),
+            acks: Mutex::new(AckBook::new(hold)),
+            sending: tokio::sync::Mutex::new(()),
         });
         lock(&conn.consumers).insert(queue.to_owned(), Arc::clone(&c));
         Ok(c)
@@ -606,10 +680,17 @@ impl AmqpTransport {
 
     /// Starts the consumer of `queue` with `prefetch` (or sets the prefetch of the running
     /// one).
-    async fn start_consumer_impl(&self, queue: &str, prefetch: u16) -> Result<(), TransportError> {
-        lock(&self.inner.prefetch).insert(queue.to_owned(), prefetch);
+    async fn start_consumer_impl(
+        &self,
+        queue: &str,
+        prefetch: u16,
+        workers: usize,
+    ) -> Result<(), TransportError> {
+        let hold = usize::from(prefetch).saturating_sub(workers);
+        lock(&self.inner.prefetch).insert(queue.to_owned(), (prefetch, hold));
         let conn = self.conn().await?;
         let c = self.consumer(&conn, queue).await?;
+        lock(&c.acks).set_hold(hold);
         let current = *lock(&c.prefetch);
         if current != prefetch {
             c.channel
@@ -719,10 +800,7 @@ impl AmqpTransport {
             );
             return Ok(());
         };
-        c.channel
-            .basic_ack(delivery.tag() & TAG_MASK, BasicAckOptions::default())
-            .await
-            .map_err(map_err)?;
+        c.ack(delivery.tag() & TAG_MASK).await?;
         let _ = c
             .outstanding
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -767,6 +845,7 @@ impl AmqpTransport {
                 )
                 .await
                 .map_err(map_err)?;
+            c.rejected(delivery.tag() & TAG_MASK).await?;
         } else {
             let conn = self.conn().await?;
             let props = properties(body, headers);
@@ -782,10 +861,7 @@ impl AmqpTransport {
                     .or_default()
                     .insert(ttl.as_millis() as u64, Instant::now());
             }
-            c.channel
-                .basic_ack(delivery.tag() & TAG_MASK, BasicAckOptions::default())
-                .await
-                .map_err(map_err)?;
+            c.ack(delivery.tag() & TAG_MASK).await?;
         }
         let _ = c
             .outstanding
@@ -894,8 +970,11 @@ impl AmqpTransport {
             return Ok(());
         };
         if c.channel.status().connected() {
-            // Stop deliveries, then close the channel: what it still holds unacked goes
-            // back to the queue.
+            // The acks still waiting above a gap go first, then stop deliveries and close
+            // the channel: what it still holds unacked goes back to the queue.
+            if let Err(error) = c.flush_acks().await {
+                tracing::warn!(queue, %error, "acks not sent before leaving: the broker puts those messages back (their redeliveries are duplicates the guard absorbs)");
+            }
             let _ = c
                 .channel
                 .basic_cancel(c.tag.clone(), BasicCancelOptions::default())
@@ -955,7 +1034,8 @@ impl Transport for AmqpTransport {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let prefetch = self.prefetch_for(options.concurrency());
-            self.start_consumer_impl(queue, prefetch).await
+            self.start_consumer_impl(queue, prefetch, options.concurrency())
+                .await
         })
     }
 
