@@ -427,6 +427,16 @@ struct Inner {
 ///   delivery's body is the AMQP body byte for byte; its out-of-band headers are the AMQP
 ///   headers minus the projection's `x-*` headers and RabbitMQ's
 ///   dead-lettering headers (`x-death`, …).
+/// - **Acks are coalesced**: RabbitMQ's cost is mostly per frame, so one
+///   `basic.ack(tag, multiple = true)` settles every delivery up to `tag` whose ack the
+///   runtime has asked for. An ack whose earlier deliveries are all settled goes out at
+///   once (with any acks waiting behind it); an ack above a gap (an earlier delivery still
+///   in a handler) waits for the gap to close, but only while at most prefetch −
+///   concurrency acks wait (the window's spare part, so a slow handler never starves the
+///   other workers): past that every waiting ack is sent singly, at once. Leaving the
+///   queue sends what still waits. An ack that waits returns before its frame is sent: if
+///   the process dies first, the broker redelivers that message and the guard absorbs the
+///   duplicate, as after any crash between a handler and its ack.
 /// - **Retries without holding a worker**: a requeue after a delay publishes the new copy
 ///   (confirmed) to a delay queue `<queue>.delay.<ms>` whose queue-level TTL dead-letters
 ///   it back to `<queue>` ([`delay_queue`](crate::delay_queue); one queue per delay
