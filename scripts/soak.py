@@ -22,7 +22,10 @@ held by three killed consumers is not a poison message here.
 Verdict (exit 0 only if all hold): every payment charged at least once; a second charge only
 where it is explained by the fault log (one of its chargers was SIGKILLed or SIGSTOPped
 within the lease + 8 s + 2 s of its charge: killed before its `complete`, or stalled with the
-lease claimed and resumed after it ran out, charging late); nothing left in the
+lease claimed and resumed after it ran out, charging late), or by the store's outages (cuts
+and restarts, whose ends are logged): replaying the owed `complete`'s retries (100 ms
+doubling, at most a third of the lease apart) against them, none finds the store up before
+the lease can have ended (two thirds of it after the charge); nothing left in the
 queue, its processing lists or its delayed set; nothing dead-lettered. Printed: faults
 injected by kind, charged, lost, double (explained / unexplained), left.
 
@@ -213,6 +216,23 @@ def parse_secs(text):
     return float(text)
 
 
+def complete_kept_out(charged, lease, outages):
+    """Whether the store's outages kept a charge's owed `complete` out until its lease could
+    have ended: its tries (at the charge, then 100 ms doubling, at most a third of the lease
+    apart, as the runtime retries a lease's owed write) all meet an outage (its end plus
+    250 ms for the client to reconnect) before two thirds of the lease after the charge (the
+    lease was renewed at most a third of it before)."""
+    def out(x):
+        return any(s <= x <= e + 0.25 for s, e in outages)
+    x, delay, cap = charged, 0.1, lease / 3
+    while x < charged + lease * 2 / 3:
+        if not out(x):
+            return False
+        x += delay
+        delay = min(delay * 2, cap)
+    return True
+
+
 def left_in_queue(broker, queue):
     """(ready, in processing lists, delayed, dead letters) on the broker."""
     ready = int(broker.cli("LLEN", queue).strip() or 0)
@@ -264,6 +284,7 @@ def main():
                STORE_URL=f"redis://127.0.0.1:{p_port}/0", QUEUE=queue, RUST_LOG="error")
     fleet = None
     faults = []  # (time, kind, incarnation or None)
+    store_out = []  # (start, end) of the store's cuts and restarts
     try:
         log(f"seed {args.seed}; {args.payments} payments x 2 on {queue}; {args.consumers} consumers "
             f"x concurrency {args.concurrency}, lease {args.lease}, gateway {args.gateway_delay_ms} ms; "
@@ -301,10 +322,12 @@ def main():
             elif kind == "store":
                 faults.append((now, "store Redis restarted (SIGKILL, AOF)", None))
                 store.restart(rng.uniform(0.1, 1.0))
+                store_out.append((now, time.monotonic()))
             else:
                 secs = rng.uniform(0.3, 3.0)
                 faults.append((now, "store cut at the proxy", None))
                 proxy.cut(secs)
+                store_out.append((now, now + secs))
         log(f"{len(faults)} faults injected; waiting for the queue to empty (up to {args.settle:.0f} s)")
         deadline = time.monotonic() + args.settle
         quiet_since = None
@@ -345,14 +368,19 @@ def main():
     # its `complete` (the lease runs out, another consumer charges again), or stopped with the
     # lease claimed and resumed after it ran out (it charges late). Either way a fault on one
     # of the chargers within the lease plus the longest stall (8 s) plus 2 s of its charge.
-    window = parse_secs(args.lease) + 8.0 + 2.0
-    explained, unexplained = [], []
+    lease = parse_secs(args.lease)
+    window = lease + 8.0 + 2.0
+    explained, by_store, unexplained = [], [], []
     for pid, charges in by_payment.items():
         if len(charges) < 2:
             continue
         charges.sort()
-        ok = any(abs(k - t) <= window for t, inc in charges for k in faulted[inc])
-        (explained if ok else unexplained).append(pid)
+        if any(abs(k - t) <= window for t, inc in charges for k in faulted[inc]):
+            explained.append(pid)
+        elif any(complete_kept_out(t, lease, store_out) for t, _ in charges[:-1]):
+            by_store.append(pid)
+        else:
+            unexplained.append(pid)
     kinds = Counter(kind for _, kind, _ in faults)
     left = broker_left or left
     print()
@@ -363,8 +391,9 @@ def main():
         print(f"  {n:4d}  {kind}")
     print(f"charged: {len(by_payment)} of {args.payments} payments, {len(fleet.charges)} charges")
     print(f"lost (never charged): {len(lost)}{(' e.g. ' + ', '.join(lost[:5])) if lost else ''}")
-    print(f"double: {len(explained) + len(unexplained)} (explained by a kill or stall of a "
-          f"charger: {len(explained)}; unexplained: {len(unexplained)}"
+    print(f"double: {len(explained) + len(by_store) + len(unexplained)} (explained by a kill or "
+          f"stall of a charger: {len(explained)}; by store outages covering the lease after a "
+          f"charge: {len(by_store)}; unexplained: {len(unexplained)}"
           f"{(' e.g. ' + ', '.join(sorted(unexplained)[:5])) if unexplained else ''})")
     print(f"left: ready {left[0]}, in processing lists {left[1]}, delayed {left[2]}; "
           f"dead-lettered {left[3]}")
@@ -374,8 +403,10 @@ def main():
         for pid in sorted(unexplained)[:10]:
             print(f"  {pid}: " + ", ".join(f"{t - t0:.2f}s by #{inc}" for t, inc in by_payment[pid]))
         print("fault log:")
+        out_for = dict(store_out)
         for t, kind, inc in faults:
-            print(f"  {t - t0:7.2f}s  {kind}" + (f" #{inc}" if inc is not None else ""))
+            print(f"  {t - t0:7.2f}s  {kind}" + (f" #{inc}" if inc is not None else "")
+                  + (f" (store out {out_for[t] - t:.2f} s)" if t in out_for else ""))
     ok = not lost and not unexplained and sum(left) == 0 and len(by_payment) == args.payments
     print("soak: PASS" if ok else "soak: FAIL")
     return 0 if ok else 1

@@ -244,3 +244,70 @@ async fn a_duplicate_in_this_process_waits_for_the_owed_write() {
     assert_eq!(charges.load(Ordering::SeqCst), 1);
     assert_eq!((t.len(queue), t.processing_len(queue)), (0, 0));
 }
+
+/// A lease's owed `complete` is retried at least every third of the lease, however far the
+/// store backoff has grown: the store back for 400 ms between two cuts is not missed.
+/// Backoff 100 ms doubling to 5 s, lease 3 s: the tries go at 0.1, 0.3, 0.7, 1.5, 2.5 s
+/// after the charge (capped at 1 s apart) and the one at 2.5 s lands; an uncapped backoff
+/// would try at 3.1 s, into the second cut, after the lease had ended.
+#[tokio::test(start_paused = true)]
+async fn a_lease_complete_is_retried_within_the_lease_not_at_the_store_backoff() {
+    let queue = "owed-lease-cap";
+    let t = InMemoryTransport::new();
+    let store: Store = Arc::new(FaultyStore::new(InMemoryStore::new()));
+    let charged_at = Arc::new(std::sync::Mutex::new(None::<tokio::time::Instant>));
+    let app = App::new(t.clone())
+        .queue(queue)
+        .store_backoff(Duration::from_millis(100), Duration::from_secs(5))
+        .handler_timeout(Duration::from_secs(1))
+        .route_async(CHARGE, {
+            let (store, charged_at) = (Arc::clone(&store), Arc::clone(&charged_at));
+            move |env: Envelope| {
+                let (store, charged_at) = (Arc::clone(&store), Arc::clone(&charged_at));
+                async move {
+                    let charge = async {
+                        *charged_at.lock().unwrap() = Some(tokio::time::Instant::now());
+                        // Down now, back at 2.3 s for 400 ms, down again until 20 s.
+                        store.faults().set_down(true);
+                        let store = Arc::clone(&store);
+                        tokio::spawn(async move {
+                            let ms = |n| tokio::time::sleep(Duration::from_millis(n));
+                            ms(2_300).await;
+                            store.faults().set_down(false);
+                            ms(400).await;
+                            store.faults().set_down(true);
+                            ms(17_300).await;
+                            store.faults().set_down(false);
+                        });
+                        Ok::<(), BoxError>(())
+                    };
+                    Guard::new(&*store)
+                        .lease(Duration::from_secs(3))
+                        .run_async(&env, charge)
+                        .await
+                        .map(drop)
+                }
+            }
+        });
+    let env = Envelope::new(CHARGE, json!({"amount": 7}))
+        .unwrap()
+        .with_queue(queue);
+    app.publish_envelope(&env).await.unwrap();
+    let stats = app.drain().await.unwrap();
+    let took = charged_at.lock().unwrap().expect("charged").elapsed();
+    assert!(
+        took >= Duration::from_millis(2_300) && took < Duration::from_millis(2_700),
+        "the complete landed while the store was back, not after the second cut: {took:?}"
+    );
+    let f = store.faults();
+    assert_eq!(
+        (
+            f.injected(StoreCall::Complete),
+            f.calls(StoreCall::Complete)
+        ),
+        (5, 6),
+        "five tries met the first cut, the sixth landed"
+    );
+    assert_eq!((stats.succeeded, stats.unacked), (1, 0), "{stats:?}");
+    assert_eq!((t.len(queue), t.processing_len(queue)), (0, 0));
+}

@@ -466,11 +466,14 @@ impl<S: LeaseStore + Sync + ?Sized> Guard<'_, S, Leased> {
         let (result, lost) = lease::run_renewing_sync(store, &key, &token, length, handler);
         match result {
             Ok(()) => {
-                let completed = inflight::owed_write_sync(&key, "complete", || {
+                let every = Some(lease::renew_interval(length));
+                let completed = inflight::owed_write_sync_within(&key, "complete", every, || {
                     store.complete(&key, &token, ttl)
                 });
                 let lost = settle_lease(&key, completed, lost, || {
-                    inflight::owed_write_sync(&key, "remember", || store.remember_for(&key, ttl))
+                    inflight::owed_write_sync_within(&key, "remember", every, || {
+                        store.remember_for(&key, ttl)
+                    })
                 });
                 Ok(leased(done(Outcome::Ran), &token, lost))
             }
@@ -541,13 +544,18 @@ impl<S: AsyncLeaseStore + ?Sized> Guard<'_, S, Leased> {
         let (result, lost) = lease::run_renewing_async(store, &key, &token, length, handler).await;
         match result {
             Ok(()) => {
-                let completed =
-                    inflight::owed_write(&key, "complete", || store.complete(&key, &token, ttl))
-                        .await;
+                // Retried at least every renewal interval: the lease ends unless it lands.
+                let every = Some(lease::renew_interval(length));
+                let completed = inflight::owed_write_within(&key, "complete", every, || {
+                    store.complete(&key, &token, ttl)
+                })
+                .await;
                 let fallback = match &completed {
                     Ok(false) => Some(
-                        inflight::owed_write(&key, "remember", || store.remember_for(&key, ttl))
-                            .await,
+                        inflight::owed_write_within(&key, "remember", every, || {
+                            store.remember_for(&key, ttl)
+                        })
+                        .await,
                     ),
                     _ => None,
                 };

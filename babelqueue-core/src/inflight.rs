@@ -595,9 +595,23 @@ pub(crate) fn store_before_sync<T, E>(key: &str, f: impl FnOnce() -> Result<T, E
 /// waits). Only the runtime dropping the delivery (a shutdown past its grace period) ends
 /// it, leaving the message unacked for recovery. Outside a runtime delivery (a guard
 /// called by hand) the write is tried once and its answer returned.
-pub(crate) async fn owed_write<T, E, F, Fut>(
+pub(crate) async fn owed_write<T, E, F, Fut>(key: &str, what: &'static str, op: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    owed_write_within(key, what, None, op).await
+}
+
+/// [`owed_write`] with the retries at most `cap` apart (`None`: the store backoff's
+/// maximum). A lease guard passes its renewal interval: its `complete` must land before
+/// the lease ends, so a store back between two cuts is not missed by a backoff that grew
+/// to the lease's own length.
+pub(crate) async fn owed_write_within<T, E, F, Fut>(
     key: &str,
     what: &'static str,
+    cap: Option<std::time::Duration>,
     mut op: F,
 ) -> Result<T, E>
 where
@@ -613,7 +627,8 @@ where
         with_current(StoreProbe::leave);
         return out;
     };
-    let mut delay = retry.min;
+    let max = cap.map_or(retry.max, |cap| retry.max.min(cap));
+    let mut delay = retry.min.min(max);
     let mut failed = false;
     loop {
         match tokio::time::timeout(retry.timeout, op()).await {
@@ -634,7 +649,7 @@ where
             with_current(|p| p.store_down(true));
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(retry.max);
+        delay = (delay * 2).min(max);
     }
 }
 
@@ -684,6 +699,16 @@ pub(crate) fn sync_probe_scope<T>(probe: Option<Arc<StoreProbe>>, f: impl FnOnce
 pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
     key: &str,
     what: &'static str,
+    op: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    owed_write_sync_within(key, what, None, op)
+}
+
+/// [`owed_write_sync`] with the retries at most `cap` apart (see [`owed_write_within`]).
+pub(crate) fn owed_write_sync_within<T, E: std::fmt::Display>(
+    key: &str,
+    what: &'static str,
+    cap: Option<std::time::Duration>,
     mut op: impl FnMut() -> Result<T, E>,
 ) -> Result<T, E> {
     let probe = if crate::outcome::capturing_sync() {
@@ -697,7 +722,8 @@ pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
     // The runtime's watchdog sees the phase too: no handler timeout while the write is
     // owed.
     probe.enter(Phase::StoreAfter);
-    let mut delay = retry.min;
+    let max = cap.map_or(retry.max, |cap| retry.max.min(cap));
+    let mut delay = retry.min.min(max);
     let mut failed = false;
     loop {
         match op() {
@@ -721,7 +747,7 @@ pub(crate) fn owed_write_sync<T, E: std::fmt::Display>(
             }
         }
         std::thread::sleep(delay);
-        delay = (delay * 2).min(retry.max);
+        delay = (delay * 2).min(max);
     }
 }
 
