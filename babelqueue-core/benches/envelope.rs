@@ -2,6 +2,10 @@
 //! picked while parsing) against parsing a `serde_json::Value` first and picking from it
 //! ([`Envelope::from_value`], how `decode` worked before), on the same bytes in one run.
 //!
+//! And reading `data` into a typed payload: [`Envelope::data_as`] (the map read in place)
+//! against deserializing a copy of it as a `Value` (how `data_as` and `Json<T>` worked
+//! before).
+//!
 //! ```bash
 //! cargo bench -p babelqueue-core --bench envelope
 //! ```
@@ -45,5 +49,53 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode);
+/// The typed payloads of the two bodies.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct Payment {
+    payment_id: String,
+    amount: u64,
+    currency: String,
+}
+
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct Order {
+    order_id: u64,
+    items: Vec<Item>,
+}
+
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct Item {
+    sku: String,
+    qty: u32,
+    price: String,
+    note: String,
+}
+
+fn typed<T: serde::de::DeserializeOwned>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    body: &[u8],
+) {
+    let env = Envelope::decode(body).expect("decodes");
+    assert!(env.data_as::<T>().is_ok(), "{name}");
+    g.bench_function(format!("{name}/data_as"), |b| {
+        b.iter(|| black_box(&env).data_as::<T>())
+    });
+    g.bench_function(format!("{name}/copy_to_value_then_deserialize"), |b| {
+        b.iter(|| T::deserialize(serde_json::Value::Object(black_box(&env).data.clone())))
+    });
+}
+
+fn data_as(c: &mut Criterion) {
+    let mut g = c.benchmark_group("envelope_data_as");
+    let bodies = bodies();
+    typed::<Payment>(&mut g, bodies[0].0, &bodies[0].1);
+    typed::<Order>(&mut g, bodies[1].0, &bodies[1].1);
+    g.finish();
+}
+
+criterion_group!(benches, decode, data_as);
 criterion_main!(benches);

@@ -304,9 +304,10 @@ impl Envelope {
         (!id.is_empty()).then_some(id)
     }
 
-    /// Deserializes `data` into `T`.
+    /// Deserializes `data` into `T`, reading the map in place (nothing of it is copied
+    /// but what `T` keeps).
     pub fn data_as<T: DeserializeOwned>(&self) -> Result<T, EnvelopeError> {
-        Ok(T::deserialize(Value::Object(self.data.clone()))?)
+        Ok(T::deserialize(crate::data_de::DataRef(&self.data))?)
     }
 
     /// Encodes to the canonical compact JSON (contract field order, UTF-8 and `/`

@@ -137,7 +137,7 @@ impl<T: DeserializeOwned> FromEnvelope for Json<T> {
     type Rejection = PayloadError;
 
     fn from_envelope(envelope: &Envelope, _: &StateMap) -> Result<Self, PayloadError> {
-        T::deserialize(&serde_json::Value::Object(envelope.data.clone()))
+        T::deserialize(crate::data_de::DataRef(&envelope.data))
             .map(Json)
             .map_err(|source| PayloadError {
                 urn: envelope.urn().to_owned(),

@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod binding;
+mod data_de;
 pub mod dyn_store;
 pub mod envelope;
 pub mod extract;
