@@ -200,6 +200,15 @@ pub fn now_millis() -> i64 {
         .unwrap_or(0)
 }
 
+/// The envelope's fields picked while parsing, then the end of the input.
+fn pick_top<'de, R: serde_json::de::Read<'de>>(
+    de: &mut serde_json::Deserializer<R>,
+) -> Result<Shape<TopFields>, serde_json::Error> {
+    let top = PickTop.deserialize(&mut *de)?;
+    de.end()?;
+    Ok(top)
+}
+
 impl Envelope {
     /// Builds a new envelope for `urn` carrying `data` (which must be a JSON object).
     ///
@@ -342,11 +351,14 @@ impl Envelope {
         // The known fields are picked while parsing (their names are not allocated, the
         // parsed object is not searched); the rules are those of `from_value`, which
         // `decode_agrees_with_from_value` checks.
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let top = PickTop
-            .deserialize(&mut de)
-            .and_then(|top| de.end().map(|()| top))
-            .map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        // UTF-8 checked once for the whole body (fast on ASCII), then parsed as text: the
+        // byte parser would check every string on its own. Bytes that are not UTF-8 go
+        // through the byte parser, which rejects them as before, with its own message.
+        let top = match std::str::from_utf8(bytes) {
+            Ok(text) => pick_top(&mut serde_json::Deserializer::from_str(text)),
+            Err(_) => pick_top(&mut serde_json::Deserializer::from_slice(bytes)),
+        }
+        .map_err(|e| DecodeError::NotJson(e.to_string()))?;
         Envelope::from_shape(top)
     }
 
@@ -737,6 +749,46 @@ mod tests {
             let nested = serde_json::from_str::<Envelope>(case).map_err(|e| e.to_string());
             assert_eq!(nested.is_ok(), old.is_ok(), "{case}");
         }
+    }
+
+    /// Bodies that are not UTF-8, or UTF-8 beyond ASCII: `decode` (which checks UTF-8 once
+    /// and parses text) answers as the byte parser does, errors and their messages alike.
+    #[test]
+    fn decode_agrees_with_the_byte_parser_on_any_utf8_or_not() {
+        let env = r#""trace_id":"t","data":{"a":"\u00e9"},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":5},"attempts":0"#;
+        let good = format!(r#"{{"job":"urn:x",{env}}}"#).into_bytes();
+        let mut cases: Vec<Vec<u8>> = vec![
+            good.clone(),
+            format!(r#"{{"job":"urn:€ 支払い 💳",{env},"note":"naïve"}}"#).into_bytes(),
+        ];
+        // A byte that is not UTF-8 inside a string, a key, between tokens and at the end;
+        // a truncated multibyte sequence; an overlong encoding; a lone surrogate's bytes.
+        for bad in [
+            &b"\xff"[..],
+            b"\xc3",
+            b"\xe2\x82",
+            b"\xc0\xaf",
+            b"\xed\xa0\x80",
+        ] {
+            for at in [9, 2, good.len() - 1, good.len()] {
+                let mut body = good.clone();
+                body.splice(at..at, bad.iter().copied());
+                cases.push(body);
+            }
+        }
+        for case in &cases {
+            let old = serde_json::from_slice::<Value>(case)
+                .map_err(|e| DecodeError::NotJson(e.to_string()))
+                .and_then(Envelope::from_value);
+            assert_eq!(
+                Envelope::decode(case),
+                old,
+                "{}",
+                String::from_utf8_lossy(case)
+            );
+        }
+        assert!(Envelope::decode(&cases[1]).is_ok());
+        assert!(cases[2..].iter().all(|c| Envelope::decode(c).is_err()));
     }
 
     #[test]
