@@ -430,8 +430,12 @@ static SYNC_MARKS_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `fut` with `probe` visible to every guard inside it (the runtime wraps each
 /// handler call in this).
-pub(crate) async fn with_probe<F: Future>(probe: Arc<StoreProbe>, fut: F) -> F::Output {
-    PROBE.scope(probe, fut).await
+pub(crate) fn with_probe<F: Future>(
+    probe: Arc<StoreProbe>,
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    // Not an `async fn`: its future would hold `fut` twice (see `replay::scope`).
+    PROBE.scope(probe, fut)
 }
 
 /// `f` on the current delivery's probe (`None` outside a runtime delivery), without

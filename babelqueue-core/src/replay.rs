@@ -120,8 +120,10 @@ pub async fn bypass_external_effects_async<F: Future>(effect: F) -> Option<F::Ou
 
 /// Runs `fut` with [`is_replay()`] answering `replay` inside it (the runtime wraps every
 /// handler call in this; a test can too).
-pub async fn scope<F: Future>(replay: bool, fut: F) -> F::Output {
-    REPLAY.scope(replay, fut).await
+pub fn scope<F: Future>(replay: bool, fut: F) -> impl Future<Output = F::Output> {
+    // The task-local's own future, not an `async fn` around it: that would hold `fut`
+    // twice (before and after it starts), doubling the size of every handler call.
+    REPLAY.scope(replay, fut)
 }
 
 /// Runs `f` on this thread with [`is_replay()`] answering `replay` inside it; the previous

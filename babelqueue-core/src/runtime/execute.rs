@@ -206,7 +206,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
         );
         tracing::warn!(bytes = size, "poison message: body over the size limit");
         let body = || dead_letter::poison_oversized(delivery.body(), &error, delivery.queue());
-        return settle_poison(ctx, &delivery, None, &body, error.clone())
+        return Box::pin(settle_poison(ctx, &delivery, None, &body, error.clone()))
             .await
             .into();
     }
@@ -215,9 +215,15 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
         Err(error) => {
             tracing::warn!(%error, bytes = size, "poison message");
             let body = || dead_letter::poison_body(delivery.body(), &error, delivery.queue());
-            return settle_poison(ctx, &delivery, None, &body, error.to_string())
-                .await
-                .into();
+            return Box::pin(settle_poison(
+                ctx,
+                &delivery,
+                None,
+                &body,
+                error.to_string(),
+            ))
+            .await
+            .into();
         }
     };
     // The binding's rule: the body's count, reconciled with the broker's own counter.
@@ -239,7 +245,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
                 .unwrap_or_default()
         };
         let env = ctx.observer.is_some().then_some(envelope);
-        return settle_poison(ctx, &delivery, env, &body, error.clone())
+        return Box::pin(settle_poison(ctx, &delivery, env, &body, error.clone()))
             .await
             .into();
     }
@@ -254,14 +260,14 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
             exception: Some(std::any::type_name::<UnknownUrn>().to_owned()),
         };
         let env = ctx.observer.is_some().then_some(envelope);
-        let mut report = settle(ctx, &delivery, env, attempts, verdict, None).await;
+        let mut report = Box::pin(settle(ctx, &delivery, env, attempts, verdict, None)).await;
         report.unknown_urn = true;
         return report.into();
     };
     #[cfg(feature = "schema")]
     if let Some(verdict) = check_schema(ctx, &envelope) {
         let env = ctx.observer.is_some().then_some(envelope);
-        return settle(ctx, &delivery, env, attempts, verdict, None)
+        return Box::pin(settle(ctx, &delivery, env, attempts, verdict, None))
             .await
             .into();
     }
