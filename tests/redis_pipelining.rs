@@ -518,7 +518,7 @@ async fn settle_and_reserve_acks_a_batch_and_refills_it_in_queue_order() {
 async fn several_batch_workers_run_each_payment_once() {
     let names = Names::new("batches");
     let t = RedisTransport::connect(&redis_url()).await.unwrap();
-    // 32 places: the transport's batch of 16 makes two workers.
+    // 32 places: the transport's batch of 16, at most an eighth of them: 8 workers of 4.
     let (effects, stats, remembers) = drain_payments(&names, t.clone(), 400, 200, 32).await;
     assert_eq!(effects, 400, "one effect per payment");
     assert_eq!(
