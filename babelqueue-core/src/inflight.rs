@@ -287,6 +287,30 @@ pub(crate) struct OwedRetry {
     pub(crate) max: std::time::Duration,
 }
 
+/// The waits between an owed write's tries: the store backoff's `min` doubling to its
+/// `max`, or to `cap` where that is shorter (a lease's renewal interval).
+struct OwedBackoff {
+    next: std::time::Duration,
+    max: std::time::Duration,
+}
+
+impl OwedBackoff {
+    fn new(retry: &OwedRetry, cap: Option<std::time::Duration>) -> Self {
+        let max = cap.map_or(retry.max, |cap| retry.max.min(cap));
+        OwedBackoff {
+            next: retry.min.min(max),
+            max,
+        }
+    }
+
+    /// The wait before the next try.
+    fn wait(&mut self) -> std::time::Duration {
+        let wait = self.next;
+        self.next = (wait * 2).min(self.max);
+        wait
+    }
+}
+
 /// Store writes a delivery's guards handed over to the runtime, and the turns on their
 /// keys (released when dropped: after the writes were sent).
 #[derive(Default)]
@@ -631,10 +655,10 @@ where
         with_current(StoreProbe::leave);
         return out;
     };
-    let max = cap.map_or(retry.max, |cap| retry.max.min(cap));
-    let mut delay = retry.min.min(max);
+    let mut backoff = OwedBackoff::new(&retry, cap);
     let mut failed = false;
     loop {
+        let delay = backoff.wait();
         match tokio::time::timeout(retry.timeout, op()).await {
             Ok(Ok(v)) => {
                 with_current(|p| {
@@ -653,7 +677,6 @@ where
             with_current(|p| p.store_down(true));
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(max);
     }
 }
 
@@ -726,10 +749,10 @@ pub(crate) fn owed_write_sync_within<T, E: std::fmt::Display>(
     // The runtime's watchdog sees the phase too: no handler timeout while the write is
     // owed.
     probe.enter(Phase::StoreAfter);
-    let max = cap.map_or(retry.max, |cap| retry.max.min(cap));
-    let mut delay = retry.min.min(max);
+    let mut backoff = OwedBackoff::new(&retry, cap);
     let mut failed = false;
     loop {
+        let delay = backoff.wait();
         match op() {
             Ok(v) => {
                 if failed {
@@ -751,7 +774,6 @@ pub(crate) fn owed_write_sync_within<T, E: std::fmt::Display>(
             }
         }
         std::thread::sleep(delay);
-        delay = (delay * 2).min(max);
     }
 }
 
@@ -760,6 +782,28 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
     use std::time::Duration;
+
+    /// The owed write's waits, async and blocking alike: the store backoff doubling to its
+    /// maximum, or to a lease's renewal interval where that is shorter.
+    #[test]
+    fn owed_waits_double_to_the_backoff_maximum_or_the_cap() {
+        let ms = Duration::from_millis;
+        let retry = OwedRetry {
+            timeout: Duration::from_secs(10),
+            min: ms(100),
+            max: ms(5_000),
+        };
+        let waits = |cap| {
+            let mut b = OwedBackoff::new(&retry, cap);
+            (0..8).map(|_| b.wait()).collect::<Vec<_>>()
+        };
+        let uncapped = [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000].map(ms);
+        assert_eq!(waits(None), uncapped);
+        assert_eq!(waits(Some(ms(60_000))), uncapped, "a cap above the maximum");
+        let lease_3s = [100, 200, 400, 800, 1_000, 1_000, 1_000, 1_000].map(ms);
+        assert_eq!(waits(Some(ms(1_000))), lease_3s);
+        assert_eq!(waits(Some(ms(30))), [ms(30); 8], "a cap below the minimum");
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn one_task_per_key_at_a_time() {
