@@ -492,7 +492,11 @@ impl Shard {
         false
     }
 
-    /// Remembers `key`; returns whether this call added it (a `SET NX`).
+    /// Remembers `key`, with its payload fingerprint if any; returns whether this call
+    /// added it (a `SET NX`). The fingerprint is filed under the new entry's sequence
+    /// number before eviction runs: eviction may move a long-lived front entry behind the
+    /// new one, so the new entry is not always the last afterwards.
+    #[allow(clippy::too_many_arguments)]
     fn remember(
         &mut self,
         hash: u64,
@@ -501,6 +505,7 @@ impl Shard {
         now: u64,
         cap: Option<usize>,
         hasher: &RandomState,
+        fingerprint: Option<&Fingerprint>,
     ) -> bool {
         if self.seen(hash, key, now) {
             return false;
@@ -519,6 +524,9 @@ impl Shard {
         index.insert_unique(hash, seq as u32, |&low| {
             ring[slot(*base, low)].key.as_ref().hash_with(hasher)
         });
+        if let Some(fp) = fingerprint {
+            self.fingerprints.insert(seq, *fp);
+        }
         self.evict(now, cap, hasher);
         true
     }
@@ -711,6 +719,7 @@ impl InMemoryStore {
             now,
             self.per_shard_capacity,
             &self.hasher,
+            None,
         )
     }
 
@@ -744,19 +753,15 @@ impl InMemoryStore {
         let hash = key.hash_with(&self.hasher);
         let now = self.now();
         let expires = self.deadline(now, ttl);
-        let mut shard = self.shard(hash);
-        if shard.remember(
+        self.shard(hash).remember(
             hash,
             key,
             expires,
             now,
             self.per_shard_capacity,
             &self.hasher,
-        ) {
-            // The new entry is the last of the ring (eviction only pops the front).
-            let seq = shard.base + shard.ring.len() as u64 - 1;
-            shard.fingerprints.insert(seq, *fp);
-        }
+            Some(fp),
+        );
     }
 
     fn find_fingerprint(&self, id: &str) -> Lookup {
@@ -851,6 +856,7 @@ impl InMemoryStore {
                 now,
                 self.per_shard_capacity,
                 &self.hasher,
+                None,
             );
         }
         true
@@ -1336,6 +1342,31 @@ mod tests {
         assert!(!s.is_seen("dead-0"), "an expired claim is not seen");
         let left = lock(&s.shards[0]).inflight.len();
         assert!(left <= 128, "abandoned claims were not swept: {left} left");
+    }
+
+    /// A fingerprinted id with a TTL remembered behind a longer-lived one in its shard:
+    /// eviction moves the longer-lived front entry behind the new one, and the new
+    /// fingerprint must stay with its own id (it was filed under the moved entry, so a
+    /// replay with another payload ran again: `idempotent_behaviour` failed 1 run in 60,
+    /// when the two ids shared a shard).
+    #[test]
+    fn a_fingerprint_stays_with_its_id_when_eviction_rotates_the_front() {
+        let s = InMemoryStore::builder().shards(1).build();
+        let fp = Fingerprint::of_bytes(b"first payload");
+        s.insert_fingerprint("pay_fp", &Fingerprint::of_bytes(b"other"), None);
+        s.insert_fingerprint(U1, &fp, Some(Duration::from_secs(3600)));
+        assert_eq!(
+            s.find_fingerprint(U1),
+            Lookup::Seen {
+                fingerprint: Some(fp)
+            }
+        );
+        assert_eq!(
+            s.find_fingerprint("pay_fp"),
+            Lookup::Seen {
+                fingerprint: Some(Fingerprint::of_bytes(b"other"))
+            }
+        );
     }
 
     #[test]
