@@ -370,6 +370,12 @@ struct QueueConsumer {
     consumer: StreamConsumer<Ctx>,
     shared: Arc<Shared>,
     reinjector: Mutex<Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>>,
+    /// Held by the one worker taking a record and entering it in [`State`]: records are
+    /// then entered in the order the partition hands them out. Without it, a worker
+    /// (thread) that took a record and was preempted before entering it let the others
+    /// take, settle and store the offsets after it, so the commit passed a record still
+    /// running and then went back (seen: 375 entered after 376..399, committed 376).
+    receiving: tokio::sync::Mutex<()>,
 }
 
 impl QueueConsumer {
@@ -652,6 +658,7 @@ impl KafkaTransport {
             consumer,
             shared,
             reinjector: Mutex::new(None),
+            receiving: tokio::sync::Mutex::new(()),
         });
         lock(&self.inner.consumers).insert(queue.to_owned(), c.clone());
         Ok(c)
@@ -663,10 +670,16 @@ impl KafkaTransport {
         timeout: Duration,
     ) -> Result<Option<Delivery>, TransportError> {
         let c = self.consumer(queue).await?;
-        let msg = match tokio::time::timeout(timeout, c.consumer.recv()).await {
+        // The turn is held until the record is entered below (no await in between).
+        let taken = tokio::time::timeout(timeout, async {
+            let turn = c.receiving.lock().await;
+            (turn, c.consumer.recv().await)
+        })
+        .await;
+        let (_turn, msg) = match taken {
             Err(_) => return Ok(None),
-            Ok(Err(e)) => return Err(map_err(e)),
-            Ok(Ok(m)) => m,
+            Ok((_, Err(e))) => return Err(map_err(e)),
+            Ok((turn, Ok(m))) => (turn, m),
         };
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
         let body = msg.payload().map(<[u8]>::to_vec).unwrap_or_default();
