@@ -696,3 +696,185 @@ async fn rediss_urls_connect_over_tls() -> Result<(), RedisStoreError> {
     assert!(matches!(err, RedisStoreError::Redis(_)), "{err:?}");
     Ok(())
 }
+
+/// `calls` of `name` the server ran (`INFO commandstats`; 0 if none).
+async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{name}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on PATH (starts its own on port 17402); CI runs it with --include-ignored"]
+async fn lease_calls_beyond_the_limit_share_one_script_call_with_their_own_answers()
+-> Result<(), RedisStoreError> {
+    use futures_util::future::join_all;
+    let server = OwnRedis::start(17402);
+    let url = format!("redis://127.0.0.1:{}/0", server.port);
+    let store = RedisStore::builder(&url)
+        .lease_calls_in_flight(1)
+        .connect()
+        .await?;
+    let mut raw = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("own redis");
+    let lease = Duration::from_secs(30);
+    // Load the one-id and the shared scripts (a first EVALSHA meets NOSCRIPT): of three
+    // claims polled together, the first goes alone and the other two share a call.
+    let warm =
+        join_all(["w1", "w2", "w3"].map(|id| AsyncLeaseStore::claim(&store, id, lease))).await;
+    assert!(
+        warm.iter().all(|c| matches!(c, Ok(Claim::Acquired(_)))),
+        "{warm:?}"
+    );
+    let warm_tokens: Vec<_> = warm
+        .into_iter()
+        .zip(["w1", "w2", "w3"])
+        .filter_map(|(c, id)| match c {
+            Ok(Claim::Acquired(token)) => Some((id, token)),
+            _ => None,
+        })
+        .collect();
+    let _ = join_all(
+        warm_tokens
+            .iter()
+            .map(|(id, token)| AsyncLeaseStore::complete(&store, id, token, None)),
+    )
+    .await;
+    store.remember("done").await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .expect("RESETSTAT");
+
+    // Twelve claims polled together: the first goes alone (the limit is 1), the eleven
+    // behind it share one call. Among them: one id twice, and one already completed.
+    let ids = [
+        "a", "b", "c", "d", "e", "f", "g", "h", "i", "a", "done", "j",
+    ];
+    let claims = join_all(ids.map(|id| AsyncLeaseStore::claim(&store, id, lease))).await;
+    assert_eq!(
+        calls_of(&mut raw, "evalsha").await,
+        2,
+        "one alone, one shared by 11"
+    );
+    let mut tokens = Vec::new();
+    for (i, (id, claim)) in ids.iter().zip(claims).enumerate() {
+        match (i, claim?) {
+            (9, Claim::InFlight) | (10, Claim::Completed) => {}
+            (i, Claim::Acquired(token)) if i != 9 && i != 10 => {
+                assert_eq!(token.fence(), Some(1), "{id}: the first claim of its id");
+                let value: String = raw.get(store.key(id)).await.expect("GET");
+                assert_eq!(value, format!("lease:{}", token.as_str()), "{id}");
+                let pttl: i64 = raw.pttl(store.key(id)).await.expect("PTTL");
+                assert!(pttl > 0 && pttl <= 30_000, "{id}: {pttl}");
+                tokens.push((*id, token));
+            }
+            (i, other) => panic!("claim {i} ({id}): {other:?}"),
+        }
+    }
+    assert_eq!(tokens.len(), 10);
+
+    // Ten completes polled together, and one with a token that does not hold its key.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .expect("RESETSTAT");
+    let stranger = babelqueue::lease::LeaseToken::new();
+    let mut completes: Vec<_> = tokens
+        .iter()
+        .map(|(id, token)| AsyncLeaseStore::complete(&store, id, token, None))
+        .collect();
+    completes.push(AsyncLeaseStore::complete(&store, "b", &stranger, None));
+    let done = join_all(completes).await;
+    assert_eq!(
+        calls_of(&mut raw, "evalsha").await,
+        2,
+        "one alone, one shared by 10"
+    );
+    for (i, d) in done.into_iter().enumerate() {
+        assert_eq!(d?, i < 10, "complete {i}");
+    }
+    for (id, _) in &tokens {
+        let value: String = raw.get(store.key(id)).await.expect("GET");
+        assert_eq!(value, "1", "{id}: completed as every SDK writes it");
+        let pttl: i64 = raw.pttl(store.key(id)).await.expect("PTTL");
+        assert!(
+            pttl > 30_000,
+            "{id}: the store's retention, not the lease: {pttl}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on PATH (starts its own on port 17403); CI runs it with --include-ignored"]
+async fn unshared_lease_calls_each_go_alone() -> Result<(), RedisStoreError> {
+    use futures_util::future::join_all;
+    let server = OwnRedis::start(17403);
+    let url = format!("redis://127.0.0.1:{}/0", server.port);
+    let store = RedisStore::builder(&url)
+        .unshared_lease_calls()
+        .connect()
+        .await?;
+    let mut raw = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("own redis");
+    let lease = Duration::from_secs(30);
+    store.claim("warm", None).await?;
+    let _ = AsyncLeaseStore::claim(&store, "warm-lease", lease).await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut raw)
+        .await
+        .expect("RESETSTAT");
+    let ids = ["a", "b", "c", "d", "e", "f"];
+    let claims = join_all(ids.map(|id| AsyncLeaseStore::claim(&store, id, lease))).await;
+    assert!(
+        claims.iter().all(|c| matches!(c, Ok(Claim::Acquired(_)))),
+        "{claims:?}"
+    );
+    assert_eq!(calls_of(&mut raw, "evalsha").await, 6);
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on PATH (starts its own on port 17404); CI runs it with --include-ignored"]
+async fn callers_of_a_shared_call_each_see_a_frozen_server_as_unavailable()
+-> Result<(), RedisStoreError> {
+    use futures_util::future::join_all;
+    let server = OwnRedis::start(17404);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{}/0", server.port))
+        .lease_calls_in_flight(1)
+        .response_timeout(Duration::from_millis(300))
+        .connection_timeout(Duration::from_millis(300))
+        .retries(0)
+        .connect()
+        .await?;
+    let lease = Duration::from_secs(30);
+    let _ = join_all(["w1", "w2"].map(|id| AsyncLeaseStore::claim(&store, id, lease))).await;
+    server.signal("-STOP");
+    let claims =
+        join_all(["a", "b", "c", "d", "e"].map(|id| AsyncLeaseStore::claim(&store, id, lease)))
+            .await;
+    for (i, c) in claims.into_iter().enumerate() {
+        let err = c.expect_err("a frozen server");
+        assert!(err.is_unavailable(), "claim {i}: {err:?}");
+    }
+    server.signal("-CONT");
+    Ok(())
+}

@@ -24,6 +24,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod combine;
 mod conn;
 pub mod keys;
 mod scripts;
