@@ -24,7 +24,6 @@
 //! ```
 #![warn(missing_docs)]
 
-mod combine;
 mod conn;
 pub mod keys;
 mod scripts;

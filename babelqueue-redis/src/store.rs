@@ -50,7 +50,6 @@ use babelqueue_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
-use crate::combine::{Combiner, MAX_BATCH};
 use crate::conn::RedisConnection;
 
 /// The key prefix every BabelQueue SDK uses by default: keys are `bq:idemp:<meta.id>`.
@@ -110,50 +109,6 @@ else
   redis.call('SET', KEYS[1], '1')
 end
 return 1
-";
-
-/// [`CLAIM_LUA`] for several ids in one call, each id's steps in order (the same id twice:
-/// the second finds the first's lease). `KEYS[2i-1]` = key i, `KEYS[2i]` = its fencing
-/// counter; `ARGV[3i-2..3i]` = token, lease in ms, how long the counter is kept (ms).
-/// Returns one reply per id, each what [`CLAIM_LUA`] returns.
-const CLAIM_MANY_LUA: &str = r"
-local out = {}
-for i = 1, #KEYS / 2 do
-  local key, counter = KEYS[2 * i - 1], KEYS[2 * i]
-  local v = redis.call('GET', key)
-  if not v then
-    local fence = redis.call('INCR', counter)
-    redis.call('PEXPIRE', counter, ARGV[3 * i])
-    redis.call('SET', key, 'lease:' .. ARGV[3 * i - 2], 'PX', ARGV[3 * i - 1])
-    out[i] = {1, fence}
-  elseif string.sub(v, 1, 6) == 'lease:' then
-    out[i] = {2}
-  else
-    out[i] = {0}
-  end
-end
-return out
-";
-
-/// [`COMPLETE_LUA`] for several ids in one call, in order. `KEYS[i]` = key i,
-/// `ARGV[2i-1]` = its token, `ARGV[2i]` = its TTL in ms (0 = no expiry). Returns one
-/// 1 or 0 per id.
-const COMPLETE_MANY_LUA: &str = r"
-local out = {}
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= 'lease:' .. ARGV[2 * i - 1] then
-    out[i] = 0
-  else
-    local ttl = tonumber(ARGV[2 * i])
-    if ttl > 0 then
-      redis.call('SET', KEYS[i], '1', 'PX', ttl)
-    else
-      redis.call('SET', KEYS[i], '1')
-    end
-    out[i] = 1
-  end
-end
-return out
 ";
 
 /// `KEYS[1]` = key, `ARGV[1]` = token. Deletes the key only if the token holds it.
@@ -270,50 +225,7 @@ pub struct RedisStore {
     /// `host:port/db`, when known (opened from a URL or a client): a transport on the
     /// same server then sends this store's `remember` with its ack.
     server: Option<Arc<str>>,
-    /// Lease claims and completes shared between concurrent callers (see
-    /// [`RedisStoreBuilder::lease_calls_in_flight`]); `None`: each call on its own.
-    lease_calls: Option<Arc<LeaseCalls>>,
 }
-
-/// A lease claim waiting to be sent: key, fencing counter, token, lease ms, counter ms.
-struct ClaimCall {
-    key: String,
-    token: LeaseToken,
-    lease_ms: u64,
-    keep_ms: u64,
-}
-
-/// A lease complete waiting to be sent: key, token, TTL ms (0 = none).
-struct CompleteCall {
-    key: String,
-    token: String,
-    ttl_ms: u64,
-}
-
-/// Why a call (perhaps one shared with other callers) failed: cloned to each caller.
-#[derive(Clone)]
-enum CallError {
-    Redis(redis::RedisError),
-    Reply(&'static str, i64),
-}
-
-impl CallError {
-    fn into_store(self, operation: &'static str) -> RedisStoreError {
-        match self {
-            CallError::Redis(e) => redis_error(operation, e),
-            CallError::Reply(script, reply) => RedisStoreError::UnexpectedReply { script, reply },
-        }
-    }
-}
-
-/// The combiners of a store's lease calls (one per kind, shared by its clones).
-struct LeaseCalls {
-    claims: Combiner<ClaimCall, Claim, CallError>,
-    completes: Combiner<CompleteCall, bool, CallError>,
-}
-
-/// Default of [`RedisStoreBuilder::lease_calls_in_flight`].
-pub const DEFAULT_LEASE_CALLS_IN_FLIGHT: usize = 4;
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -343,7 +255,6 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     retries: usize,
     nodelay: bool,
-    lease_in_flight: Option<usize>,
 }
 
 impl RedisStoreBuilder {
@@ -408,37 +319,6 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many lease `claim`s (and, apart, how many `complete`s) run at once as calls
-    /// of their own (default [`DEFAULT_LEASE_CALLS_IN_FLIGHT`], 4). A lease call made
-    /// while that many are in flight waits for one of them to return, then goes in one
-    /// script call together with every other call that waited meanwhile (up to 64 ids;
-    /// each id's steps in order, atomic as one script; each caller gets its own answer,
-    /// and an error of the shared call is each caller's error). A lone call, or calls
-    /// below the limit, never wait: sharing starts only when calls arrive faster than the
-    /// server answers them, and then it saves the server most of its per-script cost.
-    /// (On a Redis Cluster, whose ids live in different slots, calls are never shared.)
-    ///
-    /// ```
-    /// let builder = babelqueue_redis::RedisStore::builder("redis://127.0.0.1/0").lease_calls_in_flight(8);
-    /// ```
-    #[must_use]
-    pub fn lease_calls_in_flight(mut self, calls: usize) -> Self {
-        self.lease_in_flight = Some(calls.max(1));
-        self
-    }
-
-    /// Every lease call as a script call of its own, however many are in flight (see
-    /// [`lease_calls_in_flight`](Self::lease_calls_in_flight)).
-    ///
-    /// ```
-    /// let builder = babelqueue_redis::RedisStore::builder("redis://127.0.0.1/0").unshared_lease_calls();
-    /// ```
-    #[must_use]
-    pub fn unshared_lease_calls(mut self) -> Self {
-        self.lease_in_flight = None;
-        self
-    }
-
     /// Parses the URL (`redis://[user][:password@]host[:port][/db]`, or `rediss://` for
     /// TLS with the `rustls` feature) and connects.
     pub async fn connect(self) -> Result<RedisStore, RedisStoreError> {
@@ -451,7 +331,6 @@ impl RedisStoreBuilder {
         let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
         store.ttl = self.ttl;
         store.server = Some(server.into());
-        store.set_lease_calls(self.lease_in_flight);
         Ok(store)
     }
 }
@@ -484,7 +363,6 @@ impl RedisStoreBuilder {
         let mut store = RedisStore::from_manager(conn).with_prefix(self.prefix);
         store.ttl = self.ttl;
         store.server = Some(server.into());
-        store.set_lease_calls(self.lease_in_flight);
         Ok(store)
     }
 }
@@ -535,7 +413,6 @@ impl RedisStore {
             response_timeout: DEFAULT_TIMEOUT,
             retries: DEFAULT_RETRIES,
             nodelay: false,
-            lease_in_flight: Some(DEFAULT_LEASE_CALLS_IN_FLIGHT),
         }
     }
 
@@ -563,25 +440,12 @@ impl RedisStore {
     /// A store over any [`RedisConnection`] (e.g. a Redis Cluster connection: every
     /// store operation touches one key), with the default prefix and no TTL.
     pub fn from_connection(conn: impl Into<RedisConnection>) -> Self {
-        let mut store = RedisStore {
+        RedisStore {
             conn: conn.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
             ttl: Some(DEFAULT_RETENTION),
             server: None,
-            lease_calls: None,
-        };
-        store.set_lease_calls(Some(DEFAULT_LEASE_CALLS_IN_FLIGHT));
-        store
-    }
-
-    /// Shares lease calls beyond `in_flight` at once (never on a Cluster); `None`: not.
-    fn set_lease_calls(&mut self, in_flight: Option<usize>) {
-        self.lease_calls = in_flight.filter(|_| !self.conn.is_cluster()).map(|n| {
-            Arc::new(LeaseCalls {
-                claims: Combiner::new(n),
-                completes: Combiner::new(n),
-            })
-        });
+        }
     }
 
     /// The same store with another key prefix.
@@ -687,19 +551,6 @@ impl RedisStore {
         .map_err(|e| redis_error(operation, e))
     }
 
-    /// [`invoke`](Self::invoke) with the client's error as it is (for a call shared by
-    /// several callers, each of which classifies it).
-    async fn invoke_raw<T: redis::FromRedisValue>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, CallError> {
-        match invocation.invoke_async(&mut self.conn.clone()).await {
-            Err(e) if is_stale(&e) => invocation.invoke_async(&mut self.conn.clone()).await,
-            r => r,
-        }
-        .map_err(CallError::Redis)
-    }
-
     /// [`query`](Self::query) for a script.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -732,62 +583,25 @@ impl RedisStore {
 
     async fn lease_claim(&self, id: &str, lease: Duration) -> Result<Claim, RedisStoreError> {
         id_is_storable(id)?;
-        let call = ClaimCall {
-            key: self.key(id),
-            token: LeaseToken::new(),
-            lease_ms: millis(lease),
-            keep_ms: fence_keep(lease),
-        };
-        let Some(shared) = &self.lease_calls else {
-            return self
-                .claim_one(call)
-                .await
-                .map_err(|e| e.into_store("claim"));
-        };
-        shared
-            .claims
-            .call(
-                call,
-                |call| self.claim_one(call),
-                |calls| self.claim_many(calls),
-                || CallError::Reply("claim", -1),
-            )
-            .await
-            .map_err(|e| e.into_store("claim"))
-    }
-
-    async fn claim_one(&self, call: ClaimCall) -> Result<Claim, CallError> {
+        let token = LeaseToken::new();
+        let key = self.key(id);
         let mut invocation = script(&CLAIM);
         invocation
-            .key(&call.key)
-            .key(fence_key(&call.key))
-            .arg(call.token.as_str())
-            .arg(call.lease_ms)
-            .arg(call.keep_ms);
-        let reply: Vec<i64> = self.invoke_raw(&invocation).await?;
-        claim_reply(&reply, call.token)
-    }
-
-    async fn claim_many(&self, calls: Vec<ClaimCall>) -> Result<Vec<Claim>, CallError> {
-        debug_assert!(calls.len() <= MAX_BATCH);
-        let mut invocation = script(&CLAIM_MANY);
-        for call in &calls {
-            invocation
-                .key(&call.key)
-                .key(fence_key(&call.key))
-                .arg(call.token.as_str())
-                .arg(call.lease_ms)
-                .arg(call.keep_ms);
+            .key(&key)
+            .key(fence_key(&key))
+            .arg(token.as_str())
+            .arg(millis(lease))
+            .arg(fence_keep(lease));
+        let reply: Vec<i64> = self.invoke("claim", &invocation).await?;
+        match reply[..] {
+            [1, fence] => Ok(Claim::Acquired(token.with_fence(fence.unsigned_abs()))),
+            [2] => Ok(Claim::InFlight),
+            [0] => Ok(Claim::Completed),
+            _ => Err(RedisStoreError::UnexpectedReply {
+                script: "claim",
+                reply: reply.first().copied().unwrap_or(-1),
+            }),
         }
-        let replies: Vec<Vec<i64>> = self.invoke_raw(&invocation).await?;
-        if replies.len() != calls.len() {
-            return Err(CallError::Reply("claim", -1));
-        }
-        calls
-            .into_iter()
-            .zip(replies)
-            .map(|(call, reply)| claim_reply(&reply, call.token))
-            .collect()
     }
 
     async fn lease_renew(
@@ -816,50 +630,11 @@ impl RedisStore {
         ttl: Option<Duration>,
     ) -> Result<bool, RedisStoreError> {
         id_is_storable(id)?;
-        let call = CompleteCall {
-            key: self.key(id),
-            token: token.as_str().to_owned(),
-            ttl_ms: ttl.or(self.ttl).map_or(0, millis),
-        };
-        let Some(shared) = &self.lease_calls else {
-            return self
-                .complete_one(call)
-                .await
-                .map_err(|e| e.into_store("complete"));
-        };
-        shared
-            .completes
-            .call(
-                call,
-                |call| self.complete_one(call),
-                |calls| self.complete_many(calls),
-                || CallError::Reply("complete", -1),
-            )
-            .await
-            .map_err(|e| e.into_store("complete"))
-    }
-
-    async fn complete_one(&self, call: CompleteCall) -> Result<bool, CallError> {
+        let ttl_ms = ttl.or(self.ttl).map_or(0, millis);
         let mut invocation = script(&COMPLETE);
-        invocation.key(&call.key).arg(&call.token).arg(call.ttl_ms);
-        let reply: i64 = self.invoke_raw(&invocation).await?;
-        flag(reply, "complete").map_err(|_| CallError::Reply("complete", reply))
-    }
-
-    async fn complete_many(&self, calls: Vec<CompleteCall>) -> Result<Vec<bool>, CallError> {
-        debug_assert!(calls.len() <= MAX_BATCH);
-        let mut invocation = script(&COMPLETE_MANY);
-        for call in &calls {
-            invocation.key(&call.key).arg(&call.token).arg(call.ttl_ms);
-        }
-        let replies: Vec<i64> = self.invoke_raw(&invocation).await?;
-        if replies.len() != calls.len() {
-            return Err(CallError::Reply("complete", -1));
-        }
-        replies
-            .into_iter()
-            .map(|reply| flag(reply, "complete").map_err(|_| CallError::Reply("complete", reply)))
-            .collect()
+        invocation.key(self.key(id)).arg(token.as_str()).arg(ttl_ms);
+        let reply: i64 = self.invoke("complete", &invocation).await?;
+        flag(reply, "complete")
     }
 
     async fn lease_release(&self, id: &str, token: &LeaseToken) -> Result<bool, RedisStoreError> {
@@ -868,19 +643,6 @@ impl RedisStore {
         invocation.key(self.key(id)).arg(token.as_str());
         let reply: i64 = self.invoke("release", &invocation).await?;
         flag(reply, "release")
-    }
-}
-
-/// A claim script's reply for one id: `{1, fence}` acquired, `{2}` in flight, `{0}` completed.
-fn claim_reply(reply: &[i64], token: LeaseToken) -> Result<Claim, CallError> {
-    match reply[..] {
-        [1, fence] => Ok(Claim::Acquired(token.with_fence(fence.unsigned_abs()))),
-        [2] => Ok(Claim::InFlight),
-        [0] => Ok(Claim::Completed),
-        _ => Err(CallError::Reply(
-            "claim",
-            reply.first().copied().unwrap_or(-1),
-        )),
     }
 }
 
@@ -895,10 +657,6 @@ fn flag(reply: i64, script: &'static str) -> Result<bool, RedisStoreError> {
 static CLAIM: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(CLAIM_LUA));
 static COMPLETE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(COMPLETE_LUA));
-static CLAIM_MANY: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(CLAIM_MANY_LUA));
-static COMPLETE_MANY: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(COMPLETE_MANY_LUA));
 static RELEASE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(RELEASE_LUA));
 static RENEW: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(RENEW_LUA));
 
@@ -1071,18 +829,10 @@ mod tests {
 
     #[test]
     fn lease_prefix_matches_the_scripts() {
-        for lua in [
-            CLAIM_LUA,
-            CLAIM_MANY_LUA,
-            COMPLETE_LUA,
-            COMPLETE_MANY_LUA,
-            RELEASE_LUA,
-            RENEW_LUA,
-        ] {
+        for lua in [CLAIM_LUA, COMPLETE_LUA, RELEASE_LUA, RENEW_LUA] {
             assert!(lua.contains(&format!("'{LEASE_VALUE_PREFIX}'")));
         }
         assert!(CLAIM_LUA.contains(&format!("1, {})", LEASE_VALUE_PREFIX.len())));
-        assert!(CLAIM_MANY_LUA.contains(&format!("1, {})", LEASE_VALUE_PREFIX.len())));
     }
 
     #[test]
