@@ -887,6 +887,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // The library's logs, only when asked for (no subscriber otherwise: no cost).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Err(e) = rt.block_on(bench(args)) {
         eprintln!("babelqueue-bench: {e}");
         std::process::exit(1);

@@ -502,7 +502,7 @@ impl App {
     }
 
     /// What every worker of one consume shares.
-    fn ctx(&self) -> Ctx {
+    pub(crate) fn ctx(&self) -> Ctx {
         #[allow(unused_mut)]
         let mut config = self.config.clone();
         #[cfg(feature = "schema")]

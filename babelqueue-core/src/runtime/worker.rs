@@ -202,6 +202,23 @@ impl Shared {
 }
 
 impl Shared {
+    /// The state `workers` workers of one consume share (all counted busy at first).
+    fn new(ctx: Ctx, mode: Mode, workers: usize) -> Arc<Self> {
+        Arc::new(Shared {
+            ctx,
+            mode,
+            stop: AtomicBool::new(false),
+            wake: Notify::new(),
+            busy: AtomicUsize::new(workers),
+            blocking: tokio::sync::Mutex::new(()),
+            gave_up: Mutex::new(None),
+            maint_stop: AtomicBool::new(false),
+            bg_stop: Notify::new(),
+            held_deadline: Mutex::new(None),
+            left: Mutex::new(Vec::new()),
+        })
+    }
+
     /// Drain, the queue looked empty ([`idle_in_drain`](Self::idle_in_drain)); a failed
     /// check is counted and waited out. `true`: the drain is over.
     async fn idle(&self, backoff: &mut Duration, stats: &mut Stats) -> bool {
@@ -257,6 +274,14 @@ impl Shared {
         let notified = self.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // The drain may have ended while this worker was still reserving (the last idle
+        // worker found the queue empty after this one had been woken and counted busy
+        // again): nothing would wake it any more, and it would wait forever.
+        // (`halt` sets the flag before it wakes: checked after `enable`, one of the two
+        // is seen.)
+        if self.stopping() {
+            return Ok(true);
+        }
         let r = if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
             match self.drain_end().await {
                 Ok(true) => {
@@ -679,21 +704,9 @@ where
     let config = ctx.config.clone();
     let queue = config.queue.clone();
     let transport = Arc::clone(&ctx.transport);
-    let shared = Arc::new(Shared {
-        ctx,
-        mode,
-        stop: AtomicBool::new(false),
-        wake: Notify::new(),
-        busy: AtomicUsize::new(
-            batch_places(&config, transport.batch_hint()).map_or(config.concurrency, |p| p.len()),
-        ),
-        blocking: tokio::sync::Mutex::new(()),
-        gave_up: Mutex::new(None),
-        maint_stop: AtomicBool::new(false),
-        bg_stop: Notify::new(),
-        held_deadline: Mutex::new(None),
-        left: Mutex::new(Vec::new()),
-    });
+    let workers_n =
+        batch_places(&config, transport.batch_hint()).map_or(config.concurrency, |p| p.len());
+    let shared = Shared::new(ctx, mode, workers_n);
     let mut stats = Stats::default();
 
     // The transport starts what its broker needs beside the message loop (Redis: it
@@ -796,6 +809,25 @@ mod tests {
             .config;
         config.batch = batch;
         batch_places(&config, hint)
+    }
+
+    /// The hang seen in `babelqueue-bench --mode lease --concurrency 8` (about 1 drain in
+    /// 10-25 on a loaded 2-core machine): the last idle worker ends the drain while
+    /// another, woken just before, is still reserving; that one then finds the queue
+    /// empty and goes idle after the drain ended. It must end too, not wait for a wake-up
+    /// that never comes (paused time: a wait would run into the timeout at once).
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_going_idle_after_the_drain_ended_ends_too() {
+        let app = crate::runtime::App::new(crate::runtime::InMemoryTransport::new()).concurrency(2);
+        let shared = Shared::new(app.ctx(), Mode::Drain, 2);
+        // Worker 1 was the last idle one and ended the drain (worker 2 counted busy).
+        shared.halt();
+        // Worker 2's reserve then found nothing.
+        let over = tokio::time::timeout(Duration::from_secs(3600), shared.idle_in_drain()).await;
+        assert!(
+            matches!(over, Ok(Ok(true))),
+            "a worker idle after the drain ended must end it too: {over:?}"
+        );
     }
 
     #[test]
