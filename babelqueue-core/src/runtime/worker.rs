@@ -704,9 +704,12 @@ where
     let config = ctx.config.clone();
     let queue = config.queue.clone();
     let transport = Arc::clone(&ctx.transport);
-    let workers_n =
-        batch_places(&config, transport.batch_hint()).map_or(config.concurrency, |p| p.len());
-    let shared = Shared::new(ctx, mode, workers_n);
+    let places = batch_places(&config, transport.batch_hint());
+    let shared = Shared::new(
+        ctx,
+        mode,
+        places.as_ref().map_or(config.concurrency, Vec::len),
+    );
     let mut stats = Stats::default();
 
     // The transport starts what its broker needs beside the message loop (Redis: it
@@ -726,7 +729,7 @@ where
     let maint = tokio::spawn(background(Arc::clone(&shared), events));
 
     let mut workers = JoinSet::new();
-    match batch_places(&config, transport.batch_hint()) {
+    match places {
         None => {
             for _ in 0..config.concurrency {
                 workers.spawn(worker(Arc::clone(&shared)));
@@ -811,8 +814,8 @@ mod tests {
         batch_places(&config, hint)
     }
 
-    /// The hang seen in `babelqueue-bench --mode lease --concurrency 8` (about 1 drain in
-    /// 10-25 on a loaded 2-core machine): the last idle worker ends the drain while
+    /// The hang seen in `babelqueue-bench --mode lease --concurrency 8` (5 drains in about
+    /// 130 on a loaded 2-core machine): the last idle worker ends the drain while
     /// another, woken just before, is still reserving; that one then finds the queue
     /// empty and goes idle after the drain ended. It must end too, not wait for a wake-up
     /// that never comes (paused time: a wait would run into the timeout at once).
