@@ -80,7 +80,7 @@ prop_compose! {
         Envelope {
             job,
             trace_id,
-            data,
+            data: data.into(),
             meta: Meta { id, queue, lang, schema_version: 1, created_at, extra: meta_extra },
             attempts,
             dead_letter,

@@ -18,6 +18,9 @@ use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use crate::data::Data;
+use crate::data::check_object;
+
 /// The only schema version this SDK reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -50,8 +53,9 @@ pub struct Envelope {
     pub job: String,
     /// Correlation id of the whole causal chain (forwarded unchanged by every hop).
     pub trace_id: String,
-    /// The business payload (a JSON object; key order is preserved).
-    pub data: Map<String, Value>,
+    /// The business payload (a JSON object; key order is preserved). It reads as a
+    /// [`Map<String, Value>`]; see [`Data`].
+    pub data: Data,
     /// Immutable producer-set metadata.
     pub meta: Meta,
     /// Transport retry counter; starts at 0.
@@ -200,11 +204,13 @@ pub fn now_millis() -> i64 {
         .unwrap_or(0)
 }
 
-/// The envelope's fields picked while parsing, then the end of the input.
+/// The envelope's fields picked while parsing, then the end of the input; `data` as its
+/// text when `raw_data`.
 fn pick_top<'de, R: serde_json::de::Read<'de>>(
     de: &mut serde_json::Deserializer<R>,
+    raw_data: bool,
 ) -> Result<Shape<TopFields>, serde_json::Error> {
-    let top = PickTop.deserialize(&mut *de)?;
+    let top = PickTop { raw_data }.deserialize(&mut *de)?;
     de.end()?;
     Ok(top)
 }
@@ -236,7 +242,7 @@ impl Envelope {
         Ok(Envelope {
             job: urn,
             trace_id: uuid::Uuid::new_v4().to_string(),
-            data,
+            data: Data::from(data),
             meta: Meta {
                 id: uuid::Uuid::new_v4().to_string(),
                 queue: DEFAULT_QUEUE.to_owned(),
@@ -313,10 +319,11 @@ impl Envelope {
         (!id.is_empty()).then_some(id)
     }
 
-    /// Deserializes `data` into `T`, reading the map in place (nothing of it is copied
-    /// but what `T` keeps).
+    /// Deserializes `data` into `T`: from the text it arrived in when the map was not
+    /// built yet (no map is built), else from the map in place (nothing of it is copied
+    /// but what `T` keeps). The answer is the map's either way (see [`Data`]).
     pub fn data_as<T: DeserializeOwned>(&self) -> Result<T, EnvelopeError> {
-        Ok(T::deserialize(crate::data_de::DataRef(&self.data))?)
+        Ok(self.data.deserialize_into()?)
     }
 
     /// Encodes to the canonical compact JSON (contract field order, UTF-8 and `/`
@@ -355,11 +362,33 @@ impl Envelope {
         // byte parser would check every string on its own. Bytes that are not UTF-8 go
         // through the byte parser, which rejects them as before, with its own message.
         let top = match std::str::from_utf8(bytes) {
-            Ok(text) => pick_top(&mut serde_json::Deserializer::from_str(text)),
-            Err(_) => pick_top(&mut serde_json::Deserializer::from_slice(bytes)),
+            Ok(text) => {
+                if let Some(envelope) = Envelope::decode_keeping_data(text) {
+                    return Ok(envelope);
+                }
+                pick_top(&mut serde_json::Deserializer::from_str(text), false)
+            }
+            Err(_) => pick_top(&mut serde_json::Deserializer::from_slice(bytes), false),
         }
         .map_err(|e| DecodeError::NotJson(e.to_string()))?;
         Envelope::from_shape(top)
+    }
+
+    /// An accepted envelope with its `data` kept as text (checked, not parsed), or `None`
+    /// for anything else: the caller then decodes the whole text into values, which gives
+    /// the answer (the same envelope, or the exact error and its position) that `decode`
+    /// has always given. Only the envelopes it accepts take this way.
+    fn decode_keeping_data(text: &str) -> Option<Envelope> {
+        let top = pick_top(&mut serde_json::Deserializer::from_str(text), true).ok()?;
+        if let Shape::Object(TopFields {
+            data: Some(DataField::Text(raw)),
+            ..
+        }) = &top
+            && !check_object(raw)
+        {
+            return None;
+        }
+        Envelope::from_shape(top).ok()
     }
 
     /// Whether `bytes` is an envelope a consumer accepts (see [`decode`](Self::decode)).
@@ -374,7 +403,8 @@ impl Envelope {
                 fields: [job, urn, trace_id, data, attempts, meta],
                 rest,
             }) => Shape::Object(TopFields {
-                fields: [job, urn, trace_id, data, attempts],
+                fields: [job, urn, trace_id, attempts],
+                data: data.map(DataField::Value),
                 meta: meta.map(|m| Shape::of_value(m, &META)),
                 rest,
             }),
@@ -387,7 +417,8 @@ impl Envelope {
     /// fields) are picked out.
     fn from_shape(top: Shape<TopFields>) -> Result<Self, DecodeError> {
         let TopFields {
-            fields: [job, urn, trace_id, data, attempts],
+            fields: [job, urn, trace_id, attempts],
+            data,
             meta,
             rest: mut obj,
         } = match top {
@@ -404,8 +435,12 @@ impl Envelope {
             _ => return Err(DecodeError::InvalidTraceId),
         };
         let data = match data {
-            Some(Value::Object(m)) => m,
-            Some(other) => return Err(DecodeError::DataNotAnObject(kind(&other))),
+            Some(DataField::Value(Value::Object(m))) => Data::from(m),
+            // Checked by the one who picked it (`decode_keeping_data`).
+            Some(DataField::Text(text)) => Data::from_checked_text(text),
+            Some(DataField::Value(other)) => {
+                return Err(DecodeError::DataNotAnObject(kind(&other)));
+            }
             None => return Err(DecodeError::DataNotAnObject("nothing")),
         };
         let Picked {
@@ -488,7 +523,7 @@ impl Envelope {
 /// acceptance rules as [`Envelope::decode`].
 impl<'de> Deserialize<'de> for Envelope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let top = PickTop.deserialize(deserializer)?;
+        let top = PickTop { raw_data: false }.deserialize(deserializer)?;
         Envelope::from_shape(top).map_err(serde::de::Error::custom)
     }
 }
@@ -508,13 +543,23 @@ struct Picked<const N: usize> {
     rest: Map<String, Value>,
 }
 
-/// An envelope's object with its fields taken out: `job`, `urn`, `trace_id`, `data` and
-/// `attempts` (TOP's order), and `meta` with its own [`META`] fields taken out.
+/// An envelope's object with its fields taken out: `job`, `urn`, `trace_id` and
+/// `attempts` (TOP's order), `data`, and `meta` with its own [`META`] fields taken out.
 struct TopFields {
-    fields: [Option<Value>; 5],
+    fields: [Option<Value>; 4],
+    data: Option<DataField>,
     meta: Option<Shape<Picked<5>>>,
     rest: Map<String, Value>,
 }
+
+/// `data` as picked: parsed, or as its text (not yet checked).
+enum DataField {
+    Value(Value),
+    Text(Box<str>),
+}
+
+/// Where `data` is in [`TOP`].
+const DATA: usize = 3;
 
 /// A JSON value read as an object's picked fields, or the kind of a value that is not an
 /// object.
@@ -541,7 +586,11 @@ impl<const N: usize> Shape<Picked<N>> {
 /// object; [`PickTop`]: an envelope, `meta` included).
 struct Pick<'n, const N: usize>(&'n [&'static str; N]);
 
-struct PickTop;
+/// `raw_data`: `data` is picked as its text (only a `serde_json` parser of text can), else
+/// parsed.
+struct PickTop {
+    raw_data: bool,
+}
 
 /// The visits of a value that is not an object, shared by [`Pick`] and [`PickTop`].
 macro_rules! not_objects {
@@ -636,15 +685,23 @@ impl<'de> serde::de::Visitor<'de> for PickTop {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut top = TopFields {
             fields: Default::default(),
+            data: None,
             meta: None,
             rest: Map::new(),
         };
         while let Some(key) = map.next_key_seed(Name(&TOP))? {
-            // `meta`, last of TOP, is picked in turn; the others are values.
+            // `meta`, last of TOP, is picked in turn; `data` as asked; the others are
+            // values (`attempts`, after `data`, in `fields` where `data` would be).
             match key {
                 Named::Picked(i) if i == TOP.len() - 1 => {
                     top.meta = Some(map.next_value_seed(Pick(&META))?);
                 }
+                Named::Picked(DATA) if self.raw_data => {
+                    let text: &serde_json::value::RawValue = map.next_value()?;
+                    top.data = Some(DataField::Text(text.get().into()));
+                }
+                Named::Picked(DATA) => top.data = Some(DataField::Value(map.next_value()?)),
+                Named::Picked(i) if i > DATA => top.fields[i - 1] = Some(map.next_value()?),
                 Named::Picked(i) => top.fields[i] = Some(map.next_value()?),
                 Named::Other(name) => {
                     let value = map.next_value()?;
@@ -705,7 +762,7 @@ mod tests {
     #[test]
     fn decode_agrees_with_from_value() {
         let env = r#""trace_id":"t","data":{"a":1},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":5},"attempts":0"#;
-        let cases: Vec<String> = vec![
+        let mut cases: Vec<String> = vec![
             format!(r#"{{"job":"urn:x",{env}}}"#),
             format!(r#"{{"urn":"urn:x",{env}}}"#),
             format!(r#"{{"job":"",{env},"urn":"urn:y"}}"#),
@@ -741,11 +798,54 @@ mod tests {
             r#"{"job":"urn:x","#.into(),
             "".into(),
         ];
+        // `data` is kept as text when the envelope is accepted: its check must accept and
+        // refuse exactly what parsing it as a value does, at the same place.
+        let with_data = |data: &str| {
+            format!(
+                r#"{{"job":"urn:x","trace_id":"t","data":{data},"meta":{{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":5}},"attempts":0}}"#
+            )
+        };
+        for data in [
+            r#"{"a":1e400}"#,
+            r#"{"a":-1e400,"b":1}"#,
+            r#"{"a":1e308,"b":-0,"c":18446744073709551616,"d":-9223372036854775809}"#,
+            r#"{"a":"\ud800"}"#,
+            r#"{"a":"\ud83d\ude00","b":"\u00e9\n\"\\/"}"#,
+            "{\"a\":\"\u{1}\"}",
+            r#"{"a":1,"a":2}"#,
+            r#"{ "a" : [ 1 , { } ] , "b":{"c":null} }"#,
+            r#"{"a":tru}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{1:2}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":"x"} "#,
+            "{}",
+            "[]",
+            "null",
+            "\"{}\"",
+        ] {
+            cases.push(with_data(data));
+        }
+        // Nesting around the parser's limit (counted from the envelope's own object).
+        for depth in 120..=130 {
+            let objects = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+            cases.push(with_data(&objects));
+            let arrays = format!("{{\"a\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+            cases.push(with_data(&arrays));
+        }
         for case in &cases {
             let old = serde_json::from_slice::<Value>(case.as_bytes())
                 .map_err(|e| DecodeError::NotJson(e.to_string()))
                 .and_then(Envelope::from_value);
-            assert_eq!(Envelope::decode(case.as_bytes()), old, "{case}");
+            let new = Envelope::decode(case.as_bytes());
+            // An accepted envelope keeps its `data` as text (so the comparison is of
+            // the two ways, not of one way twice).
+            if let Ok(env) = &new {
+                assert!(env.data.is_text(), "{case}");
+            }
+            assert_eq!(new, old, "{case}");
             let nested = serde_json::from_str::<Envelope>(case).map_err(|e| e.to_string());
             assert_eq!(nested.is_ok(), old.is_ok(), "{case}");
         }

@@ -137,7 +137,9 @@ impl<T: DeserializeOwned> FromEnvelope for Json<T> {
     type Rejection = PayloadError;
 
     fn from_envelope(envelope: &Envelope, _: &StateMap) -> Result<Self, PayloadError> {
-        T::deserialize(crate::data_de::DataRef(&envelope.data))
+        envelope
+            .data
+            .deserialize_into()
             .map(Json)
             .map_err(|source| PayloadError {
                 urn: envelope.urn().to_owned(),

@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod binding;
+mod data;
 mod data_de;
 pub mod dyn_store;
 pub mod envelope;
@@ -61,7 +62,9 @@ pub mod txn;
 
 // The root names the types a handler author or a store implementor writes down; the
 // modules hold the rest (wire constants, lease and runtime details, error kinds).
-pub use envelope::{DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, Meta};
+pub use envelope::{
+    Data, DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, Meta,
+};
 pub use extract::{Attempts, FromEnvelope, Json, State};
 pub use fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch};
 pub use guard::{Guard, Guarded, Outcome};
