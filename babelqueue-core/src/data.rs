@@ -135,6 +135,55 @@ pub(crate) fn check_object(text: &str) -> bool {
     Check(1).deserialize(&mut de).is_ok() && de.end().is_ok()
 }
 
+/// [`check_object`]'s answer for `text`, a value that serde_json's own scan accepted as
+/// JSON (`RawValue`: the grammar is checked, but not the range of numbers, the code points
+/// of `\u` escapes, nor the nesting): seen in one pass over the bytes when it plainly holds
+/// none of those, else asked of [`check_object`].
+pub(crate) fn check_scanned_object(text: &str) -> bool {
+    text.starts_with('{') && (plainly_in_range(text.as_bytes()) || check_object(text))
+}
+
+/// Whether grammatical JSON `bytes` plainly hold nothing that a `Value` parse refuses
+/// beyond the grammar: no escape at all (so no `\u`, and every `"` opens or closes a
+/// string), no `e` or `E` outside strings (no exponent; `true` and `false` are sent to the
+/// full check too), no run of more than 300 digits outside strings (no integer beyond an
+/// `f64`), and no deeper nesting than [`MAX_DATA_DEPTH`]. `false` only means "check it".
+fn plainly_in_range(bytes: &[u8]) -> bool {
+    if bytes.contains(&b'\\') {
+        return false;
+    }
+    let mut in_string = false;
+    let mut depth: u16 = 0;
+    let mut digits: u16 = 0;
+    for &b in bytes {
+        if in_string {
+            in_string = b != b'"';
+            continue;
+        }
+        match b {
+            b'0'..=b'9' => {
+                digits += 1;
+                if digits > 300 {
+                    return false;
+                }
+                continue;
+            }
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_DATA_DEPTH {
+                    return false;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'e' | b'E' => return false,
+            _ => {}
+        }
+        digits = 0;
+    }
+    true
+}
+
 /// Reads any JSON value through `deserialize_any` (so numbers and strings are parsed as a
 /// `Value` parses them) and keeps nothing; the `u16` is the value's depth.
 #[derive(Clone, Copy)]
@@ -360,6 +409,40 @@ mod tests {
         assert_eq!(wrong.to_string(), from_map.to_string());
     }
 
+    /// What the one pass over the bytes lets through, the full check accepts; and each of
+    /// its reasons to ask the full check is seen.
+    #[test]
+    fn the_quick_pass_lets_through_only_what_the_check_accepts() {
+        let long = "9".repeat(300);
+        let longer = "9".repeat(310);
+        let nested = |n: usize| format!("{}1{}", "{\"a\":".repeat(n), "}".repeat(n));
+        let cases = [
+            (r#"{"a":1,"b":"x{[e\u0041"}"#.to_owned(), false),
+            (r#"{"a":1,"b":"x{[eE]}"}"#.to_owned(), true),
+            (r#"{"a":-12.5,"b":[1,{"c":null}],"d":"é"}"#.to_owned(), true),
+            (r#"{"a":1e5}"#.to_owned(), false),
+            (r#"{"a":1E5}"#.to_owned(), false),
+            (r#"{"a":true}"#.to_owned(), false),
+            (format!(r#"{{"a":{long}}}"#), true),
+            (format!(r#"{{"a":{longer}}}"#), false),
+            (format!(r#"{{"a":"{longer}"}}"#), true),
+            (format!(r#"{{"a":1.{longer}}}"#), false),
+            (nested(126), true),
+            (nested(127), false),
+            (r#"{"a":"\ud800"}"#.to_owned(), false),
+        ];
+        for (text, plain) in &cases {
+            assert_eq!(plainly_in_range(text.as_bytes()), *plain, "{text}");
+            if *plain {
+                assert!(check_object(text), "{text}");
+            }
+            assert_eq!(check_scanned_object(text), check_object(text), "{text}");
+        }
+        assert!(!check_object(&nested(127)));
+        assert!(check_object(&format!(r#"{{"a":1.{longer}}}"#)));
+        assert!(!check_object(&format!(r#"{{"a":{longer}}}"#)));
+    }
+
     #[test]
     fn only_objects_are_accepted() {
         for bad in [
@@ -377,6 +460,8 @@ mod tests {
             assert!(!check_object(bad), "{bad:?}");
         }
         assert!(check_object("{}"));
+        assert!(check_scanned_object("{}"));
+        assert!(!check_scanned_object("[]"));
         assert!(check_object("{\"a\":[{},[],{\"b\":\"\\u00e9\"}]}"));
     }
 }

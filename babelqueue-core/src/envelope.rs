@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use crate::data::Data;
-use crate::data::check_object;
+use crate::data::check_scanned_object;
 
 /// The only schema version this SDK reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -384,7 +384,7 @@ impl Envelope {
             data: Some(DataField::Text(raw)),
             ..
         }) = &top
-            && !check_object(raw)
+            && !check_scanned_object(raw)
         {
             return None;
         }
