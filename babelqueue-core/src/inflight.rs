@@ -239,6 +239,10 @@ struct ProbeState {
     handler_started: Option<Instant>,
     /// When the last wait for the key's turn ended.
     waited_until: Option<Instant>,
+    /// When the last write after the handler (`StoreAfter`) ended: the handler's own time
+    /// counts again from there, so a sync guard whose owed write outlasted the handler
+    /// timeout is not cut in the moment between its write and its return.
+    wrote_until: Option<Instant>,
 }
 
 /// Shared between the runtime (which creates one per delivery) and the guard running in
@@ -342,6 +346,7 @@ impl Default for StoreProbe {
                 since: Instant::now(),
                 handler_started: None,
                 waited_until: None,
+                wrote_until: None,
             }),
             store_failed: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
@@ -405,10 +410,12 @@ impl StoreProbe {
     }
 
     /// The current phase, since when, and from when the handler's own time counts (its
-    /// body's start, else the end of the last wait for the key's turn, if any).
+    /// body's start, else the end of the last wait for the key's turn, if any; the end of
+    /// the last write after the handler when that is later).
     pub(crate) fn phase(&self) -> (Phase, Instant, Option<Instant>) {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        (st.phase, st.since, st.handler_started.or(st.waited_until))
+        let own = st.handler_started.or(st.waited_until).max(st.wrote_until);
+        (st.phase, st.since, own)
     }
 
     /// Completes on the next phase change (a permit is kept if none is waiting).
@@ -420,8 +427,10 @@ impl StoreProbe {
         {
             let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
-            if st.phase == Phase::Waiting {
-                st.waited_until = Some(now);
+            match st.phase {
+                Phase::Waiting => st.waited_until = Some(now),
+                Phase::StoreAfter => st.wrote_until = Some(now),
+                _ => {}
             }
             st.phase = phase;
             st.since = now;
@@ -782,6 +791,31 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
     use std::time::Duration;
+
+    /// After a write that followed the handler (an owed write that outlasted the handler
+    /// timeout), the handler's own time counts from the write's end: the runtime's watchdog,
+    /// waking in the moment between a sync guard's write and its return, does not find the
+    /// handler timeout long past (a flake of `a_sync_guard_retries_its_remember_past_the_
+    /// handler_timeout`, about 1 run in 6).
+    #[tokio::test(start_paused = true)]
+    async fn the_handlers_own_time_counts_again_after_its_write() {
+        let probe = StoreProbe::default();
+        let started = Instant::now();
+        assert_eq!(probe.phase().2, None);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        probe.enter(Phase::StoreAfter);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        probe.leave();
+        let (phase, _, own) = probe.phase();
+        assert_eq!(phase, Phase::Idle);
+        assert_eq!(own, Some(started + Duration::from_millis(3100)));
+        // A wait for the key's turn that ends later counts from its end, as before.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        probe.enter(Phase::Waiting);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        probe.leave();
+        assert_eq!(probe.phase().2, Some(started + Duration::from_millis(5100)));
+    }
 
     /// The owed write's waits, async and blocking alike: the store backoff doubling to its
     /// maximum, or to a lease's renewal interval where that is shorter.
