@@ -400,7 +400,7 @@ impl Envelope {
     pub fn from_value(value: Value) -> Result<Self, DecodeError> {
         let top = match Shape::of_value(value, &TOP) {
             Shape::Object(Picked {
-                fields: [job, urn, trace_id, data, attempts, meta],
+                fields: [job, urn, trace_id, attempts, data, meta],
                 rest,
             }) => Shape::Object(TopFields {
                 fields: [job, urn, trace_id, attempts],
@@ -530,7 +530,7 @@ impl<'de> Deserialize<'de> for Envelope {
 
 /// The top-level fields the acceptance rules read. `dead_letter` is not among them: a
 /// malformed block stays in `extra` where it was.
-const TOP: [&str; 6] = ["job", "urn", "trace_id", "data", "attempts", "meta"];
+const TOP: [&str; 6] = ["job", "urn", "trace_id", "attempts", "data", "meta"];
 
 /// The `meta` fields the acceptance rules read; the others are `meta.extra`.
 const META: [&str; 5] = ["id", "queue", "lang", "schema_version", "created_at"];
@@ -558,8 +558,8 @@ enum DataField {
     Text(Box<str>),
 }
 
-/// Where `data` is in [`TOP`].
-const DATA: usize = 3;
+/// Where `data` is in [`TOP`] (after the plain fields, before `meta`).
+const DATA: usize = 4;
 
 /// A JSON value read as an object's picked fields, or the kind of a value that is not an
 /// object.
@@ -690,8 +690,8 @@ impl<'de> serde::de::Visitor<'de> for PickTop {
             rest: Map::new(),
         };
         while let Some(key) = map.next_key_seed(Name(&TOP))? {
-            // `meta`, last of TOP, is picked in turn; `data` as asked; the others are
-            // values (`attempts`, after `data`, in `fields` where `data` would be).
+            // `meta`, last of TOP, is picked in turn; `data`, before it, as asked; the
+            // others are values.
             match key {
                 Named::Picked(i) if i == TOP.len() - 1 => {
                     top.meta = Some(map.next_value_seed(Pick(&META))?);
@@ -701,7 +701,6 @@ impl<'de> serde::de::Visitor<'de> for PickTop {
                     top.data = Some(DataField::Text(text.get().into()));
                 }
                 Named::Picked(DATA) => top.data = Some(DataField::Value(map.next_value()?)),
-                Named::Picked(i) if i > DATA => top.fields[i - 1] = Some(map.next_value()?),
                 Named::Picked(i) => top.fields[i] = Some(map.next_value()?),
                 Named::Other(name) => {
                     let value = map.next_value()?;
