@@ -15,7 +15,8 @@
 #      Redis store of the Go layout (scripts/py_consumer_bench.py), the Rust consumer at
 #      concurrency 1, 8 and 32 (seen-set mode) and 8 and 32 (lease mode), at 8 and 32 also
 #      with --batch 1 (one message per worker: the consumer before batches), and with
-#      --no-pipelining (every operation a round trip of its own: the baseline), each over
+#      --no-pipelining (every operation a round trip of its own: the baseline), the bare
+#      loop of the same commands at 8 and 32 (--bare: the server's ceiling), each over
 #      the same pre-loaded bytes (babelqueue-bench --preload-only), and
 #      `redis-benchmark -c 1` for the round-trip time;
 #   5. prints a table of medians with ratios, server reads (round trips) and commands per
@@ -114,6 +115,10 @@ for run in $(seq 1 "$RUNS"); do
   record "rust c8 seen batch 1" "$(rust 8 seen '--batch 1')"
   record "rust c32 seen batch 1" "$(rust 32 seen '--batch 1')"
   record "rust c32 lease batch 1" "$(rust 32 lease '--batch 1')"
+  # The runtime's own commands per delivery from a bare loop (no runtime, decoding or
+  # guard), pipelined as the batch workers send them: the server's ceiling for this mix.
+  record "bare c32 seen" "$(rust 32 seen --bare)"
+  record "bare c8 seen" "$(rust 8 seen --bare)"
   record "rust c1 seen unpipelined" "$(rust 1 seen --no-pipelining)"
   record "rust c8 seen unpipelined" "$(rust 8 seen --no-pipelining)"
   record "rust c8 lease unpipelined" "$(rust 8 lease --no-pipelining)"
@@ -165,11 +170,16 @@ for label in ("python c1 seen", "rust c1 seen", "rust c8 seen", "rust c8 lease",
               "rust c32 seen", "rust c32 lease",
               "rust c8 seen batch 1", "rust c32 seen batch 1", "rust c32 lease batch 1",
               "rust c1 seen unpipelined", "rust c8 seen unpipelined",
-              "rust c8 lease unpipelined"):
+              "rust c8 lease unpipelined", "bare c8 seen", "bare c32 seen"):
     m = med[label]
     print(f"{label:<26} {m:>13.0f} {m / py:>9.2f}x {m / ceiling:>10.2f}x "
           f"{statistics.median(reads[label]):>21.2f} {statistics.median(cmds[label]):>18.2f} "
           f"{cell(cpus[label], '.1f'):>23} {cell(shares[label], '.2f'):>17}")
+for c in (8, 32):
+    bare, rust = med[f"bare c{c} seen"], med[f"rust c{c} seen"]
+    print(f"c{c} seen: the runtime at {rust / bare:.2f}x of the bare loop of its own commands "
+          f"(client CPU {statistics.median(cpus[f'rust c{c} seen']):.1f} against "
+          f"{statistics.median(cpus[f'bare c{c} seen']):.1f} us/delivery)")
 print("round trips/delivery: the server's read events (INFO stats total_reads_processed) per "
       "delivery; with 8 workers on one multiplexed connection several requests share a read.")
 print("client CPU us/delivery: the Rust bench process's user + system CPU time over the timed drain "

@@ -535,11 +535,12 @@ async fn several_batch_workers_run_each_payment_once() {
 async fn a_server_without_the_batch_scripts_gets_them_and_the_batch_goes_through() {
     use babelqueue::runtime::Settled;
     // A fresh server has an empty script cache, as one restarted mid-run has: the first
-    // batch meets NOSCRIPT, loads the scripts and is sent again.
+    // batch that needs a script (a refill of more than 8 places) meets NOSCRIPT, loads the
+    // scripts and is sent again.
     let server = fleet_support::RedisServer::start(17464, &[]);
     let q = "bq-test:pipe:noscript";
     let t = RedisTransport::connect(&server.url()).await.unwrap();
-    for i in 0..3 {
+    for i in 0..12 {
         t.publish_raw(q, format!("m{i}").into_bytes())
             .await
             .unwrap();
@@ -551,18 +552,19 @@ async fn a_server_without_the_batch_scripts_gets_them_and_the_batch_goes_through
             .copied()
             .unwrap_or(0)
     };
-    let got = t.settle_and_reserve(&[], Some((q, 2))).await.unwrap();
-    assert_eq!(got.len(), 2, "reserved once the scripts were loaded");
+    let got = t.settle_and_reserve(&[], Some((q, 10))).await.unwrap();
+    assert_eq!(got.len(), 10, "reserved once the scripts were loaded");
     let after_first = loads();
     assert!(after_first >= 2, "the batch scripts were loaded");
     // Loaded once: the next batch finds them.
     let acks: Vec<Settled<'_>> = got.iter().map(Settled::ack).collect();
-    let rest = t.settle_and_reserve(&acks, Some((q, 2))).await.unwrap();
-    assert_eq!(rest.len(), 1);
+    let rest = t.settle_and_reserve(&acks, Some((q, 10))).await.unwrap();
+    let bodies: Vec<&[u8]> = rest.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m10"[..], b"m11"]);
     assert_eq!(loads(), after_first, "no second load");
-    assert_eq!(t.processing_len(q).await.unwrap(), 1, "two acked, one held");
+    assert_eq!(t.processing_len(q).await.unwrap(), 2, "ten acked, two held");
     // The cache emptied mid-run (as by a restart): the batch (an ack and a refill that
-    // finds nothing) is sent again after both scripts are loaded, and nothing is lost.
+    // finds one) is sent again after both scripts are loaded, and nothing is lost.
     let mut c = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -573,14 +575,91 @@ async fn a_server_without_the_batch_scripts_gets_them_and_the_batch_goes_through
         .query_async(&mut c)
         .await
         .unwrap();
-    t.publish_raw(q, b"m3".to_vec()).await.unwrap();
+    t.publish_raw(q, b"m12".to_vec()).await.unwrap();
     let last = t
-        .settle_and_reserve(&[Settled::ack(&rest[0])], Some((q, 2)))
+        .settle_and_reserve(&[Settled::ack(&rest[0])], Some((q, 10)))
         .await
         .unwrap();
     assert_eq!(loads(), after_first + 2, "both batch scripts loaded again");
     assert_eq!(last.len(), 1);
-    assert_eq!(last[0].element(), b"m3");
-    assert_eq!(t.processing_len(q).await.unwrap(), 1, "m2 acked, m3 held");
+    assert_eq!(last[0].element(), b"m12");
+    assert_eq!(
+        t.processing_len(q).await.unwrap(),
+        2,
+        "m10 acked, m11 and m12 held"
+    );
+    assert_eq!(t.len(q).await.unwrap(), 0);
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on the PATH (starts its own on port 17465, stopped by pid)"]
+async fn a_batch_without_recovery_counters_is_plain_commands() {
+    use babelqueue::runtime::Settled;
+    // Up to 8 places and no recovery counters known: one `LREM` per ack and one `LMOVE`
+    // per place, no script call (a script costs the server several plain commands).
+    let server = fleet_support::RedisServer::start(17465, &[]);
+    let q = "bq-test:pipe:plain";
+    let t = RedisTransport::connect(&server.url()).await.unwrap();
+    for i in 0..6 {
+        t.publish_raw(q, format!("m{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    let calls = |name: &str| server.command_calls().get(name).copied().unwrap_or(0);
+    let got = t.settle_and_reserve(&[], Some((q, 4))).await.unwrap();
+    let bodies: Vec<&[u8]> = got.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m0"[..], b"m1", b"m2", b"m3"], "in queue order");
+    // The commands the batch scripts run inside them (the ack script's `EXISTS` of the
+    // counters, the reserve script's `LRANGE` and `LTRIM`): none may run. (The transport's
+    // own upkeep before a reserve may call other scripts, so `EVALSHA` is not counted.)
+    let names = ["lmove", "lrem", "exists", "lrange", "ltrim"];
+    let before: Vec<u64> = names.iter().map(|n| calls(n)).collect();
+    // Three acked (one with its store write first), and a refill of 5 places that finds
+    // the 2 left: the other 3 moves answer nil.
+    let key = "bq-test:pipe-idemp:plain:id-P";
+    let write = PipelinedWrite::new(t.pipeline_server().unwrap(), ["SET", key, "1", "NX"]);
+    let settled = [
+        Settled {
+            delivery: &got[0],
+            writes: std::slice::from_ref(&write),
+        },
+        Settled::ack(&got[1]),
+        Settled::ack(&got[2]),
+    ];
+    let more = t.settle_and_reserve(&settled, Some((q, 5))).await.unwrap();
+    let bodies: Vec<&[u8]> = more.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m4"[..], b"m5"]);
+    let ran: Vec<u64> = names
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| calls(n) - b)
+        .collect();
+    assert_eq!(
+        ran,
+        [5, 3, 0, 0, 0],
+        "one LMOVE per place, one LREM per ack, no batch script ({names:?})"
+    );
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let v: Option<String> = c.get(key).await.unwrap();
+    assert_eq!(v.as_deref(), Some("1"), "the write reached the server");
+    // m3, m4, m5 held; the own list holds exactly them, in order.
+    let own = babelqueue::redis::consumer_processing_list(q, t.id());
+    let held: Vec<String> = c.lrange(&own, 0, -1).await.unwrap();
+    assert_eq!(held, ["m3", "m4", "m5"]);
+    let rest: Vec<Settled<'_>> = [&got[3], &more[0], &more[1]]
+        .into_iter()
+        .map(Settled::ack)
+        .collect();
+    assert!(
+        t.settle_and_reserve(&rest, Some((q, 3)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(t.processing_len(q).await.unwrap(), 0);
     assert_eq!(t.len(q).await.unwrap(), 0);
 }

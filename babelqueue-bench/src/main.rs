@@ -53,6 +53,7 @@
 //! ```
 
 mod amqp;
+mod bare_redis;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod sqs;
@@ -133,8 +134,12 @@ struct Args {
     /// `bench.payments.<uuid>`, printed). Timed runs always use a fresh queue each.
     #[arg(long)]
     queue: Option<String>,
-    /// `--broker amqp`: drain with a bare lapin consume + ack loop (at the prefetch the
-    /// `App` would have, see `--prefetch`) instead of the runtime: no guard, no store.
+    /// Drain with a bare loop instead of the runtime. `--broker amqp`: a lapin consume +
+    /// ack loop (at the prefetch the `App` would have, see `--prefetch`), no guard, no
+    /// store. `--broker redis` (seen-set mode, Redis store): the runtime's own commands
+    /// per delivery (reserve, `EXISTS`, `SET … NX` with the ack), pipelined as its batch
+    /// workers send them, with no runtime, decoding or guard: the server's ceiling for
+    /// the consumer's command mix.
     #[arg(long)]
     bare: bool,
     /// `--broker amqp`: the consumer's prefetch, for the `App` (`AmqpTransport::with_prefetch`)
@@ -673,6 +678,9 @@ where
     S::Error: IntoHandlerError<BoxError>,
 {
     preload(raw, bodies).await?;
+    if args.bare {
+        return one_run_redis_bare(args, bodies, raw).await;
+    }
     let transport = RedisTransport::connect(&args.url)
         .await?
         .pipelining(!args.no_pipelining)
@@ -724,12 +732,76 @@ where
     Ok(run)
 }
 
+/// One run of the bare loop (`--broker redis --bare`) on the loaded queue, with the same
+/// counters and checks as the runtime's run.
+async fn one_run_redis_bare(
+    args: &Args,
+    bodies: &[Vec<u8>],
+    raw: &mut MultiplexedConnection,
+) -> Result<Run, BoxError> {
+    // A fresh key space per run, expiring as the bench's Redis store's keys do.
+    let prefix = format!("bq:idemp:bench:{}:", uuid::Uuid::new_v4().simple());
+    let before = commands_processed(raw).await?;
+    let reads_before = reads_processed(raw).await?;
+    let server_before = server_cpu(raw).await?;
+    let cpu_before = process_cpu();
+    let allocs_before = ALLOCATIONS.load(Ordering::Relaxed);
+    let drained = bare_redis::drain(
+        &args.url,
+        QUEUE,
+        args.concurrency,
+        args.batch,
+        prefix,
+        600_000,
+    )
+    .await?;
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocs_before;
+    let client_cpu = process_cpu() - cpu_before;
+    let server_after = server_cpu(raw).await?;
+    let reads_after = reads_processed(raw).await?;
+    let after = commands_processed(raw).await?;
+    let run = Run {
+        deliveries: drained.effects + drained.skips,
+        secs: drained.secs,
+        effects: drained.effects,
+        skips: drained.skips,
+        // The bare loop's set-up (two connections, two `SCRIPT LOAD`) is in these.
+        redis_cmds: after - before,
+        redis_reads: (reads_after - reads_before).saturating_sub(3),
+        client_cpu,
+        allocations,
+        server_cpu: server_after - server_before,
+    };
+    let n = args.n as u64;
+    let left = leftovers(raw).await?;
+    let left = if left.is_empty() {
+        String::new()
+    } else {
+        format!("in the queue's lists: {left:?}")
+    };
+    check(&run, &Stats::default(), n, bodies.len() as u64 - n, &left)?;
+    Ok(run)
+}
+
 async fn bench(args: Args) -> Result<(), BoxError> {
     if args.runs == 0 || args.n == 0 || args.concurrency == 0 {
         return Err("--n, --runs and --concurrency must be at least 1".into());
     }
-    if args.broker != Broker::Amqp && (args.bare || args.queue.is_some()) {
-        return Err("--bare and --queue are for --broker amqp".into());
+    if args.broker != Broker::Amqp && args.queue.is_some() {
+        return Err("--queue is for --broker amqp".into());
+    }
+    if args.broker == Broker::Redis
+        && args.bare
+        && (args.mode != Mode::Seen || args.store != StoreKind::Redis || args.no_pipelining)
+    {
+        return Err(
+            "--broker redis --bare is the seen-set mode's commands on a Redis store, pipelined: \
+             drop --mode lease, --store and --no-pipelining"
+                .into(),
+        );
+    }
+    if !matches!(args.broker, Broker::Amqp | Broker::Redis) && args.bare {
+        return Err("--bare is for --broker amqp and redis".into());
     }
     if args.broker == Broker::Sqs && (args.bare || args.preload_only || args.queue.is_some()) {
         return Err("--bare, --preload-only and --queue are for --broker amqp".into());

@@ -41,6 +41,14 @@ pub use store::{
 };
 pub use transport::RedisTransport;
 
+/// The Lua of the transport's batch reserve and batch ack, exactly as it sends them: for
+/// tools that put the same work on a server without the runtime (`babelqueue-bench
+/// --bare`, the server's ceiling for the consumer's commands). Not a stable API.
+#[doc(hidden)]
+pub mod batch_scripts {
+    pub use crate::scripts::{ACK_MANY_SOURCE, RESERVE_MANY_SOURCE};
+}
+
 /// The `redis` client crate this backend is built on (to build a [`redis::Client`] with
 /// custom TLS certificates for [`RedisStore::from_client`], or share a connection).
 pub use redis;

@@ -34,7 +34,7 @@ return n
 /// the own list, and, when the queue has recovery counters, the removed elements'
 /// counters dropped. KEYS: own list, recoveries. ARGV: the elements. Returns how many
 /// were removed in all (fewer than `#ARGV`: some were already acked or recovered).
-pub(crate) const ACK_MANY_SOURCE: &str = r"
+pub const ACK_MANY_SOURCE: &str = r"
 local counters = redis.call('EXISTS', KEYS[2]) == 1
 local removed = 0
 for i = 1, #ARGV do
@@ -53,7 +53,7 @@ pub(crate) static ACK_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACK_
 /// Reserve of a batch (sent by `EVALSHA`): up to `ARGV[1]` messages from the head of the
 /// queue to the tail of the own list, in queue order, atomically (one `LRANGE`, `LTRIM`
 /// and `RPUSH`). KEYS: queue, own list. Returns the moved elements (empty: none ready).
-pub(crate) const RESERVE_MANY_SOURCE: &str = r"
+pub const RESERVE_MANY_SOURCE: &str = r"
 local moved = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 if #moved > 0 then
   redis.call('LTRIM', KEYS[1], #moved, -1)
