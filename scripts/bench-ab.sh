@@ -28,20 +28,14 @@ done
 if [ "$(nproc)" -ge 2 ]; then SERVER_CPU=0; CLIENT_CPU=1; else SERVER_CPU=0; CLIENT_CPU=0; fi
 
 dir=$(mktemp -d)
-taskset -c "$SERVER_CPU" redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
-  --appendonly no --dir "$dir" --logfile "$dir/redis.log" &
-server=$!
 cleanup() {
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  own_redis_stop
   rm -rf "$dir"
 }
 trap cleanup EXIT
-for _ in $(seq 1 50); do
-  redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
-redis-cli -p "$PORT" ping >/dev/null
+# shellcheck source=scripts/own-redis.sh
+source scripts/own-redis.sh
+own_redis_start "$PORT" "$SERVER_CPU" "$dir"
 
 results="$dir/results.txt"
 IFS=';' read -r -a configs <<<"$CONFIGS"

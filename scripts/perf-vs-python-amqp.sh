@@ -56,9 +56,6 @@ cargo build --quiet --release -p babelqueue-bench
 BENCH=${CARGO_TARGET_DIR:-target}/release/babelqueue-bench
 
 dir=$(mktemp -d)
-taskset -c "$SERVER_CPU" redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
-  --appendonly no --dir "$dir" --logfile "$dir/redis.log" &
-server=$!
 pyqueue=""
 cleanup() {
   if [ -n "$pyqueue" ]; then
@@ -70,16 +67,13 @@ c.channel().queue_delete(queue=sys.argv[2])
 c.close()
 PY
   fi
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  own_redis_stop
   rm -rf "$dir"
 }
 trap cleanup EXIT
-for _ in $(seq 1 50); do
-  redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
-redis-cli -p "$PORT" ping >/dev/null
+# shellcheck source=scripts/own-redis.sh
+source scripts/own-redis.sh
+own_redis_start "$PORT" "$SERVER_CPU" "$dir"
 
 results="$dir/results.tsv"
 : >"$results"

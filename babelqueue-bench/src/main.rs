@@ -380,6 +380,16 @@ async fn leftovers(conn: &mut MultiplexedConnection) -> Result<Vec<(String, u64)
     Ok(left)
 }
 
+/// What is left in the queue's lists, described (empty: nothing).
+async fn left_in_lists(conn: &mut MultiplexedConnection) -> Result<String, BoxError> {
+    let left = leftovers(conn).await?;
+    Ok(if left.is_empty() {
+        String::new()
+    } else {
+        format!("in the queue's lists: {left:?}")
+    })
+}
+
 async fn clear_queue(conn: &mut MultiplexedConnection) -> Result<(), BoxError> {
     for key in queue_keys(conn).await? {
         let _: i64 = redis::cmd("DEL").arg(&key).query_async(conn).await?;
@@ -695,41 +705,80 @@ where
         args.batch,
         effects.clone(),
     );
+    let (stats, m) = measured(raw, async {
+        let start = Instant::now();
+        let stats = app.drain().await;
+        (stats, start.elapsed().as_secs_f64())
+    })
+    .await?;
+    let (stats, secs) = stats;
+    let stats = stats?;
+    let run = m.run(
+        stats.processed,
+        secs,
+        effects.load(Ordering::Relaxed),
+        stats.skipped,
+    );
+    let n = args.n as u64;
+    let d = bodies.len() as u64 - n;
+    let left = left_in_lists(raw).await?;
+    check(&run, &stats, n, d, &left)?;
+    Ok(run)
+}
+
+/// What the server and this process did while a drain ran (Redis broker).
+struct Measured {
+    redis_cmds: u64,
+    redis_reads: u64,
+    client_cpu: f64,
+    allocations: u64,
+    server_cpu: f64,
+}
+
+impl Measured {
+    fn run(self, deliveries: u64, secs: f64, effects: u64, skips: u64) -> Run {
+        Run {
+            deliveries,
+            secs,
+            effects,
+            skips,
+            redis_cmds: self.redis_cmds,
+            redis_reads: self.redis_reads,
+            client_cpu: self.client_cpu,
+            allocations: self.allocations,
+            server_cpu: self.server_cpu,
+        }
+    }
+}
+
+/// Runs `drain` between two readings of the server's counters (`INFO`) and this
+/// process's CPU time and allocations.
+async fn measured<T>(
+    raw: &mut MultiplexedConnection,
+    drain: impl Future<Output = T>,
+) -> Result<(T, Measured), BoxError> {
     let before = commands_processed(raw).await?;
     let reads_before = reads_processed(raw).await?;
     let server_before = server_cpu(raw).await?;
     let cpu_before = process_cpu();
     let allocs_before = ALLOCATIONS.load(Ordering::Relaxed);
-    let start = Instant::now();
-    let stats = app.drain().await?;
-    let secs = start.elapsed().as_secs_f64();
+    let out = drain.await;
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocs_before;
     let client_cpu = process_cpu() - cpu_before;
     let server_after = server_cpu(raw).await?;
     let reads_after = reads_processed(raw).await?;
     let after = commands_processed(raw).await?;
-    let run = Run {
-        deliveries: stats.processed,
-        secs,
-        effects: effects.load(Ordering::Relaxed),
-        skips: stats.skipped,
-        redis_cmds: after - before,
-        // The four INFO calls between the marks are left out.
-        redis_reads: (reads_after - reads_before).saturating_sub(3),
-        client_cpu,
-        allocations,
-        server_cpu: server_after - server_before,
-    };
-    let n = args.n as u64;
-    let d = bodies.len() as u64 - n;
-    let left = leftovers(raw).await?;
-    let left = if left.is_empty() {
-        String::new()
-    } else {
-        format!("in the queue's lists: {left:?}")
-    };
-    check(&run, &stats, n, d, &left)?;
-    Ok(run)
+    Ok((
+        out,
+        Measured {
+            redis_cmds: after - before,
+            // The four INFO calls between the marks are left out.
+            redis_reads: (reads_after - reads_before).saturating_sub(3),
+            client_cpu,
+            allocations,
+            server_cpu: server_after - server_before,
+        },
+    ))
 }
 
 /// One run of the bare loop (`--broker redis --bare`) on the loaded queue, with the same
@@ -741,44 +790,28 @@ async fn one_run_redis_bare(
 ) -> Result<Run, BoxError> {
     // A fresh key space per run, expiring as the bench's Redis store's keys do.
     let prefix = format!("bq:idemp:bench:{}:", uuid::Uuid::new_v4().simple());
-    let before = commands_processed(raw).await?;
-    let reads_before = reads_processed(raw).await?;
-    let server_before = server_cpu(raw).await?;
-    let cpu_before = process_cpu();
-    let allocs_before = ALLOCATIONS.load(Ordering::Relaxed);
-    let drained = bare_redis::drain(
-        &args.url,
-        QUEUE,
-        args.concurrency,
-        args.batch,
-        prefix,
-        600_000,
+    let (drained, m) = measured(
+        raw,
+        bare_redis::drain(
+            &args.url,
+            QUEUE,
+            args.concurrency,
+            args.batch,
+            prefix,
+            600_000,
+        ),
     )
     .await?;
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocs_before;
-    let client_cpu = process_cpu() - cpu_before;
-    let server_after = server_cpu(raw).await?;
-    let reads_after = reads_processed(raw).await?;
-    let after = commands_processed(raw).await?;
-    let run = Run {
-        deliveries: drained.effects + drained.skips,
-        secs: drained.secs,
-        effects: drained.effects,
-        skips: drained.skips,
-        // The bare loop's set-up (two connections, two `SCRIPT LOAD`) is in these.
-        redis_cmds: after - before,
-        redis_reads: (reads_after - reads_before).saturating_sub(3),
-        client_cpu,
-        allocations,
-        server_cpu: server_after - server_before,
-    };
+    let drained = drained?;
+    // The bare loop's set-up (two connections, two `SCRIPT LOAD`) is in the server's figures.
+    let run = m.run(
+        drained.effects + drained.skips,
+        drained.secs,
+        drained.effects,
+        drained.skips,
+    );
     let n = args.n as u64;
-    let left = leftovers(raw).await?;
-    let left = if left.is_empty() {
-        String::new()
-    } else {
-        format!("in the queue's lists: {left:?}")
-    };
+    let left = left_in_lists(raw).await?;
     check(&run, &Stats::default(), n, bodies.len() as u64 - n, &left)?;
     Ok(run)
 }
