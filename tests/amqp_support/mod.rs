@@ -65,6 +65,20 @@ pub async fn ready(queue: &str) -> u32 {
     ready_at(&url(), queue).await
 }
 
+/// Ready messages of `queue` once they are `want`, or what they are after `within`: for
+/// messages a publisher without confirms (the Python SDK's pika transport) may still have
+/// on their way into the queue when it exits.
+pub async fn ready_within(queue: &str, want: u32, within: Duration) -> u32 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let n = ready(queue).await;
+        if n == want || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every delay bucket up to a minute (the delays the tests use).
 pub fn buckets() -> Vec<Duration> {
     let mut all: Vec<Duration> = (1..=60_000u64)
