@@ -72,7 +72,10 @@ async fn python_publishes_each_payment_twice_and_rust_charges_each_once() {
     assert_eq!(ids.len(), 200);
     // The SDK publishes without publisher confirms: its last messages may still be on
     // their way into the queue when the process has exited (CI once counted 275).
-    assert_eq!(ready_within(&queue, 400, Duration::from_secs(20)).await, 400);
+    assert_eq!(
+        ready_within(&queue, 400, Duration::from_secs(20)).await,
+        400
+    );
 
     let store = Arc::new(InMemoryStore::new());
     let charged = Arc::new(Mutex::new(HashMap::<String, (usize, String, String)>::new()));
