@@ -1005,16 +1005,23 @@ impl RedisTransport {
         for &(queue, count) in &acked {
             let mut removed = 0i64;
             for _ in 0..count {
-                match replies.next() {
-                    Some(Ok(Value::Int(n))) => removed += n,
-                    Some(Ok(other)) => {
-                        return Err(TransportError::backend(format!(
-                            "unexpected reply to the batch ack: {other:?}"
-                        )));
+                let error = match replies.next() {
+                    Some(Ok(Value::Int(n))) => {
+                        removed += n;
+                        continue;
                     }
-                    Some(Err(e)) => return Err(map_err(e)),
-                    None => return Err(TransportError::backend("missing reply to the batch ack")),
+                    Some(Ok(other)) => TransportError::backend(format!(
+                        "unexpected reply to the batch ack: {other:?}"
+                    )),
+                    Some(Err(e)) => map_err(e),
+                    None => TransportError::backend("missing reply to the batch ack"),
+                };
+                // The refill after the acks ran too, and its replies are not read: what it
+                // moved is found by the orphan check before the next reserve.
+                if let Some((queue, _)) = next {
+                    self.local(queue, |q| q.check_orphans = true);
                 }
+                return Err(error);
             }
             let sent = settled.iter().filter(|s| s.delivery.queue() == queue);
             let count = sent.clone().count();
