@@ -663,3 +663,97 @@ async fn a_batch_without_recovery_counters_is_plain_commands() {
     assert_eq!(t.processing_len(q).await.unwrap(), 0);
     assert_eq!(t.len(q).await.unwrap(), 0);
 }
+
+#[tokio::test]
+#[ignore = "needs redis-server on the PATH (starts its own on port 17466, stopped by pid)"]
+async fn a_refill_beside_a_refused_ack_goes_back_to_the_queue_before_the_next_reserve() {
+    use babelqueue::runtime::Settled;
+    // The acks of a round trip are refused while the reserve beside them runs (a user
+    // that may not `LREM`: `NOPERM`): the reserve's reply is not read, so what it moved
+    // sits in the own list with no task holding it. The orphan check must return it to
+    // the queue before the next reserve, or it waits there for the next start.
+    let server = fleet_support::RedisServer::start(17466, &[]);
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let acl = |rules: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("acker").arg(rules);
+        cmd
+    };
+    let _: () = acl(&["on", ">pw", "~*", "&*", "+@all", "-lrem"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let q = "bq-test:pipe:refused-ack";
+    let own = |t: &RedisTransport| babelqueue::redis::consumer_processing_list(q, t.id());
+    let t = RedisTransport::connect("redis://acker:pw@127.0.0.1:17466/0")
+        .await
+        .unwrap();
+    for i in 0..6 {
+        t.publish_raw(q, format!("m{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    let held = |c: &mut redis::aio::MultiplexedConnection, own: String| {
+        let mut c = c.clone();
+        async move { c.lrange::<_, Vec<String>>(own, 0, -1).await.unwrap() }
+    };
+
+    // A batch: the ack of m0 refused, the refill of 2 places moved m2 and m3.
+    let got = t.settle_and_reserve(&[], Some((q, 2))).await.unwrap();
+    let bodies: Vec<&[u8]> = got.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m0"[..], b"m1"]);
+    let err = t
+        .settle_and_reserve(&[Settled::ack(&got[0])], Some((q, 2)))
+        .await
+        .expect_err("the ack is refused");
+    assert!(format!("{err:?}").contains("NoPerm"), "{err:?}");
+    assert_eq!(held(&mut admin, own(&t)).await, ["m0", "m1", "m2", "m3"]);
+    let _: () = acl(&["+lrem"]).query_async(&mut admin).await.unwrap();
+    // Acked again with the next refill: m2 and m3 went back to the queue's head first,
+    // so the refill takes them, in order, and the own list holds only what is held.
+    let more = t
+        .settle_and_reserve(&[Settled::ack(&got[0])], Some((q, 2)))
+        .await
+        .unwrap();
+    let bodies: Vec<&[u8]> = more.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m2"[..], b"m3"], "the orphans come first");
+    assert_eq!(held(&mut admin, own(&t)).await, ["m1", "m2", "m3"]);
+
+    // One message at a time: the ack of m1 refused, the reserve beside it moved m4.
+    let _: () = acl(&["-lrem"]).query_async(&mut admin).await.unwrap();
+    let err = t
+        .ack_and_reserve(&got[1], &[], Some(q))
+        .await
+        .expect_err("the ack is refused");
+    assert!(format!("{err:?}").contains("NoPerm"), "{err:?}");
+    assert_eq!(held(&mut admin, own(&t)).await, ["m1", "m2", "m3", "m4"]);
+    let _: () = acl(&["+lrem"]).query_async(&mut admin).await.unwrap();
+    let next = t
+        .ack_and_reserve(&got[1], &[], Some(q))
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(next.element(), b"m4", "the orphan comes first");
+    assert_eq!(held(&mut admin, own(&t)).await, ["m2", "m3", "m4"]);
+
+    // The rest: nothing lost, nothing left.
+    let acks: Vec<Settled<'_>> = [&more[0], &more[1], &next]
+        .into_iter()
+        .map(Settled::ack)
+        .collect();
+    let last = t.settle_and_reserve(&acks, Some((q, 3))).await.unwrap();
+    let bodies: Vec<&[u8]> = last.iter().map(|d| d.element()).collect();
+    assert_eq!(bodies, [&b"m5"[..]]);
+    assert!(
+        t.settle_and_reserve(&[Settled::ack(&last[0])], None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(t.processing_len(q).await.unwrap(), 0);
+    assert_eq!(t.len(q).await.unwrap(), 0);
+}

@@ -806,7 +806,14 @@ impl RedisTransport {
                 "ack found no such element in the own processing list (already acked, or recovered by another consumer)"
             ),
             Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(map_err(e)),
+            Some(Err(e)) => {
+                // The reserve after the ack ran too, and its reply is not read: what it
+                // moved is found by the orphan check before the next reserve.
+                if let Some(next) = next {
+                    self.local(next, |q| q.check_orphans = true);
+                }
+                return Err(map_err(e));
+            }
             None => return Err(TransportError::backend("missing reply to the ack")),
         }
         self.local(queue, |q| q.release(delivery.element()));
