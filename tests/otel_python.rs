@@ -14,6 +14,7 @@
 //! `cargo test --features opentelemetry --test otel_python -- --ignored`.
 #![cfg(feature = "opentelemetry")]
 
+#[path = "fleet_support/mod.rs"]
 mod fleet_support;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,103 @@
+//! The child process of `kafka_payments.rs`.
+
+use std::time::Duration;
+
+use babelqueue::kafka::KafkaTransport;
+use babelqueue::redis::redis;
+use babelqueue::redis::{RedisStore, RedisStoreError};
+use babelqueue::{App, Envelope, Guard};
+
+const CHARGE: &str = "urn:babel:payments:charge";
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn redis_url() -> String {
+    env_or("BABELQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ChargeError {
+    #[error("the dedupe store failed")]
+    Store(#[from] RedisStoreError),
+    #[error("the effects counter failed")]
+    Effects(#[from] redis::RedisError),
+}
+
+/// The child consumer process.
+pub fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(env_or("BQ_LOG", "warn"))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run_child());
+    std::process::exit(0);
+}
+
+async fn run_child() {
+    let queue = env_or("BQ_QUEUE", "payments");
+    let prefix = env_or("BQ_PREFIX", "bq-test:kafka-fleet");
+    let handler_delay = Duration::from_millis(env_or("BQ_HANDLER_MS", "20").parse().unwrap());
+    let me = std::process::id();
+    let store = RedisStore::builder(redis_url())
+        .prefix(format!("{prefix}:idemp:"))
+        .connect()
+        .await
+        .unwrap();
+    let effects = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let t = KafkaTransport::builder(&env_or("BQ_BROKER", ""))
+        .unwrap()
+        .partitions(3)
+        // A dead member leaves the group after this long without a heartbeat.
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .build()
+        .unwrap();
+    let app = App::new(t)
+        .queue(&queue)
+        .concurrency(4)
+        .poll_timeout(Duration::from_millis(200))
+        .shutdown_grace(Duration::from_secs(10))
+        .route_async(CHARGE, move |env: Envelope| {
+            let store = store.clone();
+            let mut effects = effects.clone();
+            let prefix = prefix.clone();
+            async move {
+                let pid = env.data["payment_id"].as_str().unwrap_or("?").to_owned();
+                Guard::new(&store)
+                    .run_async(&env, async {
+                        tokio::time::sleep(handler_delay).await;
+                        redis::pipe()
+                            .incr(format!("{prefix}:charges:{pid}"), 1)
+                            .ignore()
+                            .sadd(format!("{prefix}:charged"), &pid)
+                            .ignore()
+                            .sadd(format!("{prefix}:by:{me}"), &pid)
+                            .ignore()
+                            .query_async::<()>(&mut effects)
+                            .await?;
+                        Ok::<(), ChargeError>(())
+                    })
+                    .await?;
+                Ok::<(), ChargeError>(())
+            }
+        });
+    let stats = app
+        .run_until(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+            term.recv().await;
+        })
+        .await;
+    eprintln!("[kafka child {me}] stopped: {stats:?}");
+}
