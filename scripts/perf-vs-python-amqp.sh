@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Rust consumer side by side with the upstream Python SDK on RabbitMQ, one workload,
-# one run (issue 19, part 5). Also reached as `BROKER=amqp bash scripts/perf-vs-python.sh`.
+# one run. Also reached as `BROKER=amqp bash scripts/perf-vs-python.sh`.
 #
 #   bash scripts/perf-vs-python-amqp.sh                 # N=5000, DUP_FRAC=0.5, RUNS=3
 #   N=20000 RUNS=5 AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f bash scripts/perf-vs-python-amqp.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A soak under random faults (issue 23): a fleet of payments consumers in lease mode while a
+"""A soak under random faults: a fleet of payments consumers in lease mode while a
 nemesis, on a seeded random schedule, SIGKILLs and restarts consumers, SIGSTOPs one past its
 heartbeat TTL and resumes it, restarts the broker's Redis and the store's (both their own
 servers, AOF with fsync always), and cuts the store behind a TCP proxy. Then a checker reads

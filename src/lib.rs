@@ -2,10 +2,88 @@
 //!
 //! BabelQueue for Rust: read and write the canonical polyglot queue envelope shared with
 //! the Go, Python, PHP, Java, Node and .NET SDKs, and make consumers idempotent on
-//! `meta.id` with `#[idempotent]`.
+//! `meta.id` with `#[idempotent]`: a redelivered payment is never charged twice.
 //!
-//! This is the facade crate: it re-exports [`babelqueue_core`] and, behind cargo
-//! features, the backends (`redis`, `postgres`, `sqlite`, `amqp`, `sqs`).
+//! This is the facade crate: it re-exports [`babelqueue_core`] (the envelope, the guard,
+//! the stores' traits, the in-memory store, the consume runtime) and, behind cargo
+//! features, the backends (`babelqueue::redis`, `postgres`, `sqlite`, `amqp`, `sqs`,
+//! `kafka`). The [`guide`] has a chapter for each task.
+//!
+//! ## Quick start
+//!
+//! A typed handler, made idempotent on `meta.id` with an in-memory store, run by an
+//! [`App`] over the in-memory transport (no server). The same payment
+//! delivered twice is charged once:
+//!
+//! ```
+//! use babelqueue::prelude::*;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Payment { payment_id: String, amount: u64 }
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("card declined")]
+//! struct Declined;
+//!
+//! #[handler("urn:babel:payments:charge")]
+//! #[idempotent(store = store)]
+//! async fn charge(
+//!     Json(payment): Json<Payment>,
+//!     store: State<InMemoryStore>,
+//!     env: &Envelope,
+//! ) -> Result<(), Declined> {
+//!     println!("charging {} for {}", payment.amount, payment.payment_id);
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // The runtime reports retries, dead letters and store outages through `tracing`:
+//!     // without a subscriber they happen silently. Install one first.
+//!     tracing_subscriber::fmt().init();
+//!
+//!     let app = App::new(InMemoryTransport::new())
+//!         .queue("payments")
+//!         .state(InMemoryStore::new()) // in production: a RedisStore, PostgresStore, …
+//!         .register(charge {});
+//!
+//!     let payment = Envelope::new(
+//!         "urn:babel:payments:charge",
+//!         serde_json::json!({"payment_id": "pay_7f3a", "amount": 4200}),
+//!     )?;
+//!     app.publish_envelope(&payment).await?;
+//!     app.publish_envelope(&payment).await?; // a redelivery: the same meta.id
+//!
+//!     let stats = app.drain().await?; // `run()` consumes until Ctrl-C / SIGTERM
+//!     assert_eq!((stats.succeeded, stats.skipped), (1, 1));
+//!     Ok(())
+//! }
+//! ```
+//!
+//! On a broker, replace the transport (`babelqueue::redis::RedisTransport::connect(url)`,
+//! `babelqueue::amqp::AmqpTransport::open(url)`, …) and the store; see the guide's
+//! [brokers](guide::brokers) and [stores](guide::stores) chapters.
+//!
+//! ## Cargo features
+//!
+//! No feature is on by default: the envelope, the guard, `#[idempotent]`, the in-memory
+//! store and the consume runtime need none.
+//!
+//! | feature | what it turns on |
+//! | --- | --- |
+//! | `redis` | `babelqueue::redis`: the Redis store (`RedisStore`) and transport (`RedisTransport`) |
+//! | `postgres` | `babelqueue::postgres`: the PostgreSQL store, transactional guard and outbox |
+//! | `sqlite` | `babelqueue::sqlite`: the embedded SQLite store, transactional guard and outbox |
+//! | `amqp` | `babelqueue::amqp`: the RabbitMQ (AMQP 0-9-1) transport |
+//! | `sqs` | `babelqueue::sqs`: the Amazon SQS transport (not in `full`: the AWS SDK adds about 90 crates to a cold build) |
+//! | `kafka` | `babelqueue::kafka`: the Apache Kafka transport (not in `full`: it builds librdkafka's C sources) |
+//! | `full` | `redis`, `postgres`, `sqlite` and `amqp` |
+//! | `redis-cluster` | `redis` with Redis Cluster (`RedisTransport::open_cluster`) |
+//! | `rustls` | TLS (rustls) for the enabled network backends: `rediss://`, `amqps://`, PostgreSQL `sslmode` |
+//! | `testing` | the generic store test suite and fault kit (`testing`, `store_suite!`) |
+//! | `metrics` | counters, gauges and histograms through the `metrics` facade, and the `Metered` store wrapper |
+//! | `opentelemetry` | a message's `traceparent` header becomes its span's parent; publishes inject it |
+//! | `schema` | payload schemas per URN (`schema`): JSON Schema (draft-07) on `data` |
 //!
 //! ## A note on `serde_json` features
 //!
@@ -62,35 +140,77 @@ pub mod prelude {
 /// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
 pub use babelqueue_redis as redis;
 
 /// The PostgreSQL backend: [`PostgresStore`](babelqueue_postgres::PostgresStore)
 /// (feature `postgres`).
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
 pub use babelqueue_postgres as postgres;
 
 /// The embedded SQLite backend: [`SqliteStore`](babelqueue_sqlite::SqliteStore)
 /// (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+#[doc(inline)]
 pub use babelqueue_sqlite as sqlite;
 
 /// The RabbitMQ (AMQP 0-9-1) transport: [`AmqpTransport`](babelqueue_amqp::AmqpTransport)
 /// (feature `amqp`).
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+#[doc(inline)]
 pub use babelqueue_amqp as amqp;
 
 /// The Apache Kafka transport: [`KafkaTransport`](babelqueue_kafka::KafkaTransport)
 /// (feature `kafka`; not in `full`: it builds librdkafka's C sources).
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[doc(inline)]
 pub use babelqueue_kafka as kafka;
+
 /// The Amazon SQS transport: [`SqsTransport`](babelqueue_sqs::SqsTransport) (feature `sqs`).
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+#[doc(inline)]
 pub use babelqueue_sqs as sqs;
+
+/// The guide: one chapter per task, each a page of `docs/` in the repository. Their
+/// code blocks are compiled as doctests.
+pub mod guide {
+    #[doc = include_str!("../docs/handlers.md")]
+    pub mod handlers {}
+    #[doc = include_str!("../docs/consuming.md")]
+    pub mod consuming {}
+    #[doc = include_str!("../docs/stores.md")]
+    pub mod stores {}
+    #[doc = include_str!("../docs/failures-and-retries.md")]
+    pub mod failures_and_retries {}
+    #[doc = include_str!("../docs/lease-mode.md")]
+    pub mod lease_mode {}
+    #[doc = include_str!("../docs/fleets.md")]
+    pub mod fleets {}
+    #[doc = include_str!("../docs/replay.md")]
+    pub mod replay {}
+    #[doc = include_str!("../docs/outbox.md")]
+    pub mod outbox {}
+    #[doc = include_str!("../docs/schemas.md")]
+    pub mod schemas {}
+    #[doc = include_str!("../docs/observability.md")]
+    pub mod observability {}
+    #[doc = include_str!("../docs/brokers.md")]
+    pub mod brokers {}
+    #[doc = include_str!("../docs/cli.md")]
+    pub mod cli {}
+    #[doc = include_str!("../docs/tls.md")]
+    pub mod tls {}
+    #[doc = include_str!("../docs/idempotency-deeper.md")]
+    pub mod idempotency_deeper {}
+    #[doc = include_str!("../docs/examples.md")]
+    pub mod examples {}
+}
 
 /// The code blocks of `README.md`, compiled (and run, where they need no server) as
 /// doctests so the README cannot drift from the API.

@@ -1,4 +1,4 @@
-//! A trace that crosses SDKs (issue 22, ADR-0025 / ADR-0028): the upstream Python SDK
+//! A trace that crosses SDKs (ADR-0025 / ADR-0028): the upstream Python SDK
 //! (babelqueue 1.24.0, its `babelqueue.otel` helper) and the Rust runtime on one Redis
 //! queue, with a `tracing-opentelemetry` layer over the in-memory span exporter here.
 //!

@@ -1,5 +1,5 @@
 //! A 64 MiB body is dead-lettered as `poison` (over the size limit, not decoded) and the
-//! consumer's memory grows by at most 1.5 times the body while it does so (issue 23), in
+//! consumer's memory grows by at most 1.5 times the body while it does so, in
 //! memory; over Redis the growth is measured and bounded (see that test for why it is more).
 //!
 //! What is measured: the bytes live on the heap of this test process, counted by a global
@@ -159,11 +159,10 @@ async fn over_redis_a_64_mib_poison_body_is_dead_lettered_intact_and_its_memory_
     assert_eq!((stats.poison, stats.dead_lettered), (1, 1));
     assert_eq!(dead.len(), 1);
     assert!(recover_poison(&dead[0]).unwrap() == body, "bytes intact");
-    // Measured 6.59x on 2026-12-02: the reply's read buffer and the element (2x), the
+    // About 6.6x over Redis: the reply's read buffer and the element (2x), the
     // dead-letter body (1x), and every byte sent twice (the redis crate packs a command
     // into a second buffer): the dead letter, and the element again as the argument of the
-    // `LREM` that removes it from the processing list (4x). Issue 23 asks for 1.5x: not
-    // reached over Redis (the in-memory path above is at 1.29x). This bound only guards
-    // against it getting worse.
+    // `LREM` that removes it from the processing list (4x). The 1.5x of the in-memory path
+    // is not reached over Redis; this bound guards against it getting worse.
     assert!(growth < 8 * size, "peak growth {growth} >= 8 x {size}");
 }

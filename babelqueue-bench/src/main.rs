@@ -183,7 +183,7 @@ struct Args {
     #[arg(long)]
     preload_only: bool,
     /// Turn off the transport's pipelining (acks with the next reserve, the Redis store's
-    /// `remember` with the ack): every operation a round trip of its own, as before.
+    /// `remember` with the ack): every operation a round trip of its own (the baseline).
     #[arg(long)]
     no_pipelining: bool,
     /// Set `TCP_NODELAY` (Nagle's algorithm off) on the transport's and the Redis store's

@@ -795,8 +795,8 @@ mod tests {
     /// After a write that followed the handler (an owed write that outlasted the handler
     /// timeout), the handler's own time counts from the write's end: the runtime's watchdog,
     /// waking in the moment between a sync guard's write and its return, does not find the
-    /// handler timeout long past (a flake of `a_sync_guard_retries_its_remember_past_the_
-    /// handler_timeout`, about 1 run in 6).
+    /// handler timeout long past (what `a_sync_guard_retries_its_remember_past_the_
+    /// handler_timeout` checks over a real store).
     #[tokio::test(start_paused = true)]
     async fn the_handlers_own_time_counts_again_after_its_write() {
         let probe = StoreProbe::default();

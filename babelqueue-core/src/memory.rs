@@ -1276,7 +1276,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn each_id_expires_on_its_own_ttl_behind_long_lived_ones() {
-        // Issue 23: 64 long-lived ids kept 263,536 of 301,000 expired ones; memory must
+        // 64 long-lived ids must not keep the expired ones behind them alive; memory must
         // follow the live ids, not the longest TTL. One shard, ring limit 128 in tests: the
         // count stays far below the ids inserted.
         let s = InMemoryStore::builder()
@@ -1346,9 +1346,8 @@ mod tests {
 
     /// A fingerprinted id with a TTL remembered behind a longer-lived one in its shard:
     /// eviction moves the longer-lived front entry behind the new one, and the new
-    /// fingerprint must stay with its own id (it was filed under the moved entry, so a
-    /// replay with another payload ran again: `idempotent_behaviour` failed 1 run in 60,
-    /// when the two ids shared a shard).
+    /// fingerprint must stay with its own id, not be filed under the moved entry (else a
+    /// replay with another payload would run again when the two ids share a shard).
     #[test]
     fn a_fingerprint_stays_with_its_id_when_eviction_rotates_the_front() {
         let s = InMemoryStore::builder().shards(1).build();

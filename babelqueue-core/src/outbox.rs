@@ -340,7 +340,7 @@ impl OutboxRelay {
         let mut published = Vec::with_capacity(rows.len());
         let mut failure = None;
         for (i, row) in rows.iter().enumerate() {
-            // issue 22 (tracing): a PRODUCER span per row (`publish_raw` without one).
+            // Tracing: a PRODUCER span per row (`publish_raw` without one).
             match crate::runtime::publish_traced(&*self.transport, &row.queue, row.payload.clone())
                 .await
             {

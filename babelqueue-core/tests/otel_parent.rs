@@ -103,7 +103,7 @@ async fn the_producers_traceparent_is_the_parent_of_the_message_span() {
         charge.span_context.trace_id(),
         traced_span.span_context.trace_id()
     );
-    // `App::publish` (issue 22): its PRODUCER span, in the trace of the envelope's
+    // `App::publish`: its PRODUCER span, in the trace of the envelope's
     // `trace_id` (no active trace here), is the parent of the message span.
     let own = find(&untraced.meta.id);
     let producer = spans

@@ -1,4 +1,4 @@
-//! Tracing across a publish (issue 22, ADR-0025 / ADR-0028, feature `opentelemetry`): the
+//! Tracing across a publish (ADR-0025 / ADR-0028, feature `opentelemetry`): the
 //! PRODUCER span of `App::publish*` and the outbox relay, its `traceparent` header, and the
 //! consumer's fallback to the envelope's `trace_id` when a message carries none.
 //!

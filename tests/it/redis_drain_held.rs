@@ -1,4 +1,4 @@
-//! Issue 23, item 3: a one-shot `drain` while a killed consumer's heartbeat has not yet
+//! A one-shot `drain` while a killed consumer's heartbeat has not yet
 //! expired. The drain waits for that consumer's list to be recovered (the heartbeat's time
 //! left, plus two recovery intervals) and handles its message; when the other consumer's
 //! heartbeat keeps being renewed past that bound, the drain ends and says what it left

@@ -437,7 +437,7 @@ async fn leaving_with_messages_in_flight_lets_the_others_recover_them_at_once() 
     assert!(registered.is_empty());
 }
 
-/// Issue 12: with nothing delayed, the fleet work adds no round trip per message. On a
+/// With nothing delayed, the fleet work adds no round trip per message. On a
 /// private server (so other tests' commands do not count): 300 reserve + ack cycles cost
 /// 300 LMOVE + 300 LREM, plus a handful of script calls (registration, the orphan check,
 /// one promotion check per second).

@@ -1,9 +1,9 @@
-//! Issue 23, item 1, on real servers: the broker is the shared Redis, the dedupe store a
+//! The owed store write, on real servers: the broker is the shared Redis, the dedupe store a
 //! Redis of its own (ports 17460 and 17462, SIGKILLed and restarted by pid), so the guard's owed
 //! write is not pipelined with the ack. The store dies right after the handler succeeded
 //! and is back 300 ms later: the owed `remember` / `complete` is retried until it lands,
-//! and the byte-identical duplicate is skipped (before: acked after one failed try, and the
-//! duplicate was charged again).
+//! and the byte-identical duplicate is skipped (an ack after one failed try would let the
+//! duplicate be charged again).
 
 use crate::fleet_support;
 

@@ -1,4 +1,4 @@
-//! Only what the contract changes is changed (issue 23): a retry changes `attempts`, a dead
+//! Only what the contract changes is changed: a retry changes `attempts`, a dead
 //! letter adds the `dead_letter` block, and every other byte of the body stays as it
 //! arrived — integers beyond 64 bits, number spellings, `-0`, duplicated keys, key order,
 //! whitespace. A poison body is kept byte for byte whatever it is, and `recover_poison`

@@ -60,7 +60,7 @@ impl Seen {
             "{stats:?}"
         );
         let reports = self.reports.lock().unwrap();
-        // Seen as a put-back (a `seen` that failed), or (issue 23) as a delivery whose
+        // Seen as a put-back (a `seen` that failed), or as a delivery whose
         // owed `remember` waited for the store to come back (the workers holding one keep
         // their message unacked and retry it, so with every worker in that state nothing
         // new is reserved and nothing is put back).
@@ -492,10 +492,10 @@ async fn concurrency_32_with_half_duplicates_and_the_redis_store_charges_once() 
     no_double_effect_with_redis(32).await;
 }
 
-/// Issue 23, item 1: the PostgreSQL store cut off (behind the proxy, port 17463) right
+/// The PostgreSQL store cut off (behind the proxy, port 17463) right
 /// after a handler succeeded and back 300 ms later: the owed `remember` is retried until it
-/// lands and the byte-identical duplicate is skipped (before: one failed try, acked, and
-/// the duplicate charged again).
+/// lands and the byte-identical duplicate is skipped (an ack after one failed try would
+/// let the duplicate be charged again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
 async fn a_remember_owed_to_a_postgres_store_cut_for_300_ms_lands_and_the_duplicate_is_skipped() {

@@ -1,4 +1,4 @@
-//! Issue 23, item 1: the store write a successful handler owes (`remember` in seen-set
+//! The store write a successful handler owes (`remember` in seen-set
 //! mode, `complete` in lease mode) is never dropped while the consumer lives. The store
 //! goes down right after the handler succeeded: the message stays unacknowledged, the
 //! key's turn stays held (a duplicate in this process waits), the write is retried with

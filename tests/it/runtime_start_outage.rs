@@ -1,4 +1,4 @@
-//! Issue 23, item 3: a consumer started while its dedupe store is down starts, reports
+//! A consumer started while its dedupe store is down starts, reports
 //! itself not ready, and begins work when the store answers, instead of exiting.
 //!
 //! - In process (no server): `App::readiness` while the store is down and after.

@@ -1,4 +1,4 @@
-//! The Redis store after an outage (issue 23): the first call once the server is back
+//! The Redis store after an outage: the first call once the server is back
 //! succeeds — no stale connection error, so no extra store backoff in the consumer. Its own
 //! `redis-server` on port 17450, killed and restarted by pid.
 

@@ -30,7 +30,7 @@ pub enum PublishError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
-    // issue 22 (payload schemas, `crate::schema`): the one variant of this file it adds.
+    // Payload schemas (`crate::schema`): the one variant of this file they add.
     /// The payload breaks the schema registered for its URN, or that schema could not be
     /// loaded (see [`App::schemas`]); nothing was published.
     #[cfg(feature = "schema")]
@@ -121,7 +121,7 @@ pub struct App {
     pub(crate) router: Arc<Router>,
     pub(crate) config: Config,
     pub(crate) observer: Option<Observer>,
-    // issue 22 (payload schemas): set by `App::schemas` (in `crate::schema`).
+    // Payload schemas: set by `App::schemas` (in `crate::schema`).
     #[cfg(feature = "schema")]
     pub(crate) schemas: Option<Arc<crate::schema::Schemas>>,
     pub(crate) readiness: Arc<super::ctx::ReadinessState>,
@@ -556,10 +556,10 @@ impl App {
         payload: &T,
     ) -> Result<Envelope, PublishError> {
         let mut env = Envelope::from_payload(urn, payload)?.with_queue(self.config.queue.clone());
-        // issue 22: refuse data that breaks its URN's schema (`App::schemas`).
+        // Refuse data that breaks its URN's schema (`App::schemas`).
         #[cfg(feature = "schema")]
         self.check_schema(&env)?;
-        // issue 22 (tracing): the PRODUCER span and its `traceparent` header.
+        // Tracing: the PRODUCER span and its `traceparent` header.
         if let Some(trace_id) =
             observe::publish_envelope(&*self.transport, &self.config.queue, &env, true).await?
         {
@@ -571,7 +571,7 @@ impl App {
     /// Publishes an envelope as is to this queue (in a PRODUCER span, like
     /// [`publish`](Self::publish); its `trace_id` is never changed).
     pub async fn publish_envelope(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        // issue 22 (tracing): `fresh = false`: sent as is.
+        // Tracing: `fresh = false`: sent as is.
         observe::publish_envelope(&*self.transport, &self.config.queue, envelope, false)
             .await
             .map(|_| ())
@@ -582,7 +582,7 @@ impl App {
     /// span: see [`publish_traced`](super::publish_traced) for what the `opentelemetry`
     /// feature adds beside the bytes.
     pub async fn publish_raw(&self, element: impl Into<Vec<u8>>) -> Result<(), TransportError> {
-        // issue 22 (tracing): the PRODUCER span and its `traceparent` header.
+        // Tracing: the PRODUCER span and its `traceparent` header.
         observe::publish_traced(&*self.transport, &self.config.queue, element.into()).await
     }
 

@@ -49,7 +49,7 @@ pub(crate) fn message_span(queue: &str, delivery: &Delivery) -> tracing::Span {
     span
 }
 
-/// The PRODUCER span of one publish (issue 22, ADR-0028).
+/// The PRODUCER span of one publish (ADR-0028).
 ///
 /// Named `babelqueue.publish` for `tracing`; `otel.name` = `publish <urn>` (the Python
 /// SDK's name) and `otel.kind` = `producer`. Fields: `messaging.system`,

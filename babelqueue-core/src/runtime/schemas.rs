@@ -8,7 +8,7 @@ use super::app::App;
 use crate::envelope::Envelope;
 use crate::schema::{SchemaError, Schemas};
 
-/// Producer-side checks (issue 22): the `App` half of payload schemas. Only the field
+/// Producer-side checks: the `App` half of payload schemas. Only the field
 /// `App::schemas`, its initialisation and the one call in [`App::publish`](crate::runtime::App::publish) live in
 /// `runtime/app.rs`.
 impl App {
