@@ -1078,3 +1078,28 @@ mod interop {
         redis.del(&keys);
     }
 }
+
+#[test]
+fn errors_are_send_sync_static_and_numbers_read_back() {
+    fn send_sync<T: Send + Sync + 'static + std::error::Error>() {}
+    send_sync::<gdpr::DecryptError>();
+    send_sync::<gdpr::EncryptError>();
+    send_sync::<CipherError>();
+    send_sync::<gdpr::InvalidKeyLength>();
+    // Numbers as serde_json reads them write back to the same number.
+    for text in [
+        "-0",
+        "-0.0",
+        "0",
+        "1e2",
+        "-1E-7",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775809",
+        "1.5e300",
+    ] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        let back: Value = serde_json::from_str(&canonical_json(&value)).unwrap();
+        assert_eq!(back, value, "{text} -> {}", canonical_json(&value));
+    }
+}
