@@ -965,6 +965,149 @@ mod interop {
         v
     }
 
+    /// A schema over `value`'s shape, its nodes marked (or given a mark that does not
+    /// mark) by the bits of `bits`.
+    fn schema_over(value: &Value, bits: &mut u64) -> Value {
+        let marks = [
+            json!(true),
+            json!("contact"),
+            json!(false),
+            json!(""),
+            json!(1),
+            json!(null),
+        ];
+        let mut node = Map::new();
+        if *bits & 1 == 1 {
+            let pick = ((*bits >> 1) % marks.len() as u64) as usize;
+            node.insert("x-gdpr-sensitive".into(), marks[pick].clone());
+        }
+        *bits = bits.rotate_right(3);
+        match value {
+            Value::Object(m) => {
+                let props = m
+                    .iter()
+                    .map(|(k, v)| (k.clone(), schema_over(v, bits)))
+                    .collect();
+                node.insert("properties".into(), Value::Object(props));
+            }
+            Value::Array(items) => {
+                if let Some(first) = items.first() {
+                    node.insert("items".into(), schema_over(first, bits));
+                }
+            }
+            _ => {}
+        }
+        Value::Object(node)
+    }
+
+    /// The Python SDK and this crate, given the same schemas and data, find the same
+    /// paths and seal the same values into the same plaintext bytes (a cipher whose
+    /// token shows its plaintext), and agree on whether unprotect gives the data back.
+    #[test]
+    #[ignore = "needs the Python SDK venv (BABELQUEUE_PYTHON)"]
+    fn python_finds_and_seals_what_rust_does() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+
+        let python = std::env::var("BABELQUEUE_PYTHON")
+            .expect("BABELQUEUE_PYTHON: a Python with babelqueue==1.24.0");
+        let mut runner = TestRunner::deterministic();
+        let mut cases: Vec<(Value, Map<String, Value>)> = vec![
+            (payment_schema(), obj(rust_payment(0))),
+            (payment_schema(), obj(rust_payment(6))),
+            (
+                json!({"x-gdpr-sensitive": true, "properties": {"a": {"items": {"items": {"x-gdpr-sensitive": "m"}}}}}),
+                obj(json!({"a": [[1]], "a[]": [2.5, "x"]})),
+            ),
+            (
+                json!({"properties": {"a.b": {"x-gdpr-sensitive": true}, "a": {"properties": {"b": {"x-gdpr-sensitive": 1}}}}}),
+                obj(json!({"a": {"b": -0.0}, "a.b": 1e300})),
+            ),
+            (
+                json!({"properties": {"c": {"x-gdpr-sensitive": true, "properties": {"n": {"x-gdpr-sensitive": true}}}}}),
+                obj(json!({"c": {"n": 7}})),
+            ),
+        ];
+        let data = arb_data();
+        for _ in 0..1500 {
+            let d = data.new_tree(&mut runner).unwrap().current();
+            let mut bits = any::<u64>().new_tree(&mut runner).unwrap().current();
+            let schema = schema_over(&Value::Object(d.clone()), &mut bits);
+            cases.push((schema, d));
+        }
+        let input: String = cases
+            .iter()
+            .map(|(schema, data)| format!("{}\n", json!({"schema": schema, "data": data})))
+            .collect();
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let mut child = Command::new(&python)
+            .arg(format!("{dir}/tests/gdpr_peer.py"))
+            .arg("visible")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the Python peer");
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), cases.len());
+        let (mut sealed, mut failed_back) = (0, 0);
+        for ((schema, data), py) in cases.iter().zip(&lines) {
+            let paths = sensitive_paths(schema);
+            let py_paths: Vec<(String, Option<String>)> = py["paths"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let category = p[1].as_str().unwrap();
+                    (
+                        p[0].as_str().unwrap().to_owned(),
+                        (!category.is_empty()).then(|| category.to_owned()),
+                    )
+                })
+                .collect();
+            let rs_paths: Vec<_> = paths
+                .iter()
+                .map(|p| (p.path.clone(), p.category.clone()))
+                .collect();
+            assert_eq!(rs_paths, py_paths, "paths of {schema}");
+            let mut got = data.clone();
+            sealed += gdpr::protect(&mut got, &paths, &Visible).unwrap();
+            assert_eq!(
+                Value::Object(got.clone()),
+                py["protected"],
+                "protect of {data:?} under {schema}"
+            );
+            match gdpr::unprotect(&mut got, &paths, &Visible) {
+                Ok(_) => assert_eq!(
+                    py["restored"],
+                    json!(got == *data),
+                    "{data:?} under {schema}"
+                ),
+                Err(e) => {
+                    assert_eq!(py["restored"], Value::Null, "{data:?} under {schema}: {e}");
+                    failed_back += 1;
+                }
+            }
+        }
+        eprintln!(
+            "gdpr differential: {} cases, {sealed} values sealed alike, {failed_back} refused by both on the way back",
+            cases.len()
+        );
+    }
+
     #[test]
     #[ignore = "needs the Python SDK venv (BABELQUEUE_PYTHON) and Redis (BABELQUEUE_REDIS_URL)"]
     fn python_and_rust_protect_for_each_other() {

@@ -10,6 +10,11 @@ family's reference cipher built on ``cryptography``'s AESGCM (the SDK ships none
     gdpr_peer.py consume URL QUEUE KEY_HEX SCHEMA COUNT
         pops COUNT envelopes from QUEUE, unprotects their data, acks them; prints, one JSON
         line each, the trace id and the restored data.
+    gdpr_peer.py visible
+        reads JSON lines {"schema": ..., "data": ...} on stdin; prints for each, one JSON line,
+        the schema's sensitive paths and the data protected with a cipher whose token is
+        "v:" + the plaintext (so the exact bytes the SDK seals are seen), and whether its
+        unprotect gives the data back.
 
 Needs: pip install "babelqueue[redis]==1.24.0" cryptography
 """
@@ -23,7 +28,9 @@ import sys
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from babelqueue import EnvelopeCodec
+from babelqueue.exceptions import DecryptError
 from babelqueue.gdpr import protect, unprotect
+from babelqueue.schema import sensitive_paths
 from babelqueue.redis_transport import RedisTransport
 
 URN = "urn:babel:payments:gdpr-interop"
@@ -42,6 +49,36 @@ class AesGcmCipher:
     def decrypt(self, ciphertext: str) -> bytes:
         raw = base64.b64decode(ciphertext, validate=True)
         return self._aead.decrypt(raw[:12], raw[12:], None)
+
+
+class VisibleCipher:
+    """Not a cipher: the token shows the plaintext it was given."""
+
+    def encrypt(self, plaintext: bytes) -> str:
+        return "v:" + plaintext.decode("utf-8")
+
+    def decrypt(self, ciphertext: str) -> bytes:
+        if not ciphertext.startswith("v:"):
+            raise ValueError("not a visible token")
+        return ciphertext[2:].encode("utf-8")
+
+
+def visible() -> int:
+    cipher = VisibleCipher()
+    for line in sys.stdin:
+        case = json.loads(line)
+        schema, data = case["schema"], case["data"]
+        original = copy.deepcopy(data)
+        paths = [[p.path, p.category] for p in sensitive_paths(schema)]
+        protect(data, schema, cipher)
+        protected = copy.deepcopy(data)
+        try:
+            unprotect(data, schema, cipher)
+            restored = data == original
+        except DecryptError:
+            restored = None
+        print(json.dumps({"paths": paths, "protected": protected, "restored": restored}, ensure_ascii=False))
+    return 0
 
 
 def payment(i: int) -> dict:
@@ -66,6 +103,8 @@ def payment(i: int) -> dict:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["visible"]:
+        return visible()
     mode, url, queue, key_hex, schema_path, count = sys.argv[1:7]
     count = int(count)
     with open(schema_path, encoding="utf-8") as f:
