@@ -13,7 +13,7 @@ secs="${1:-30}"
 shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(envelope frame poison bindings broker_url consume)
+  targets=(envelope frame poison bindings broker_url consume gdpr_unprotect)
 fi
 export BABELQUEUE_CONFORMANCE_DIR="${BABELQUEUE_CONFORMANCE_DIR:-$root/../shared/conformance}"
 "$root/fuzz/seed.sh"

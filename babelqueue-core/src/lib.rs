@@ -33,6 +33,7 @@ pub mod dyn_store;
 pub mod envelope;
 pub mod extract;
 pub mod fingerprint;
+pub mod gdpr;
 pub mod guard;
 pub mod guard_ext;
 pub mod handler;
