@@ -84,6 +84,7 @@
 //! | `metrics` | counters, gauges and histograms through the `metrics` facade, and the `Metered` store wrapper |
 //! | `opentelemetry` | a message's `traceparent` header becomes its span's parent; publishes inject it |
 //! | `schema` | payload schemas per URN (`schema`): JSON Schema (draft-07) on `data` |
+//! | `gdpr` | the reference AES-256-GCM cipher (`gdpr::AesGcmCipher`) for personal data sealed field by field (the `gdpr` module itself needs no feature) |
 //!
 //! ## A note on `serde_json` features
 //!
@@ -198,6 +199,10 @@ pub mod guide {
     pub mod outbox {}
     #[doc = include_str!("../docs/schemas.md")]
     pub mod schemas {}
+    #[doc = include_str!("../docs/personal-data.md")]
+    #[cfg(feature = "gdpr")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "gdpr")))]
+    pub mod personal_data {}
     #[doc = include_str!("../docs/observability.md")]
     pub mod observability {}
     #[doc = include_str!("../docs/brokers.md")]

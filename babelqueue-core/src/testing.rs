@@ -19,7 +19,7 @@
 //!     }
 //! }
 //!
-//! // In tests/store_memory.rs:
+//! // In tests/it/store_memory.rs:
 //! babelqueue_core::store_suite! {
 //!     mod memory_suite = Memory;
 //!     kinds = [async_store, async_lease, sync_store, sync_lease];

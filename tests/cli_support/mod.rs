@@ -1,5 +1,5 @@
 //! Shared by the tests that run the `babelqueue` CLI against a broker they started
-//! (`tests/sqs_transport.rs`, `tests/kafka_transport.rs`): where the binary is, and a dead
+//! (`tests/it/sqs_transport.rs`, `tests/kafka/kafka_transport.rs`): where the binary is, and a dead
 //! letter of the family's shape.
 
 use std::path::PathBuf;

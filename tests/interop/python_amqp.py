@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The upstream Python SDK (babelqueue[amqp] 1.24.0, its pika transport) on RabbitMQ, for
-tests/amqp_interop.rs.
+tests/it/amqp_interop.rs.
 
     python_amqp.py produce   # N payments, each published TWICE (the same bytes), by the SDK
     python_amqp.py consume   # the SDK's own consumer until the queue stays empty

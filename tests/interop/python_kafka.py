@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The upstream Python SDK (babelqueue[kafka] 1.24.0, its confluent-kafka transport) on a
-Kafka broker, for tests/kafka_payments.rs.
+Kafka broker, for tests/kafka/kafka_payments.rs.
 
     python_kafka.py produce   # N payments, each published TWICE (the same bytes), by the SDK
     python_kafka.py consume   # the SDK's own consumer until the topic stays empty
@@ -81,7 +81,7 @@ def main():
     url = os.environ["BROKER_URL"]
     queue = os.environ["QUEUE"]
     # KAFKA_CONFIG: extra librdkafka settings (JSON), handed to the SDK's transport as its
-    # client_config (tests/kafka_payments.rs sets batch.num.messages=1 for the producer: tansu
+    # client_config (tests/kafka/kafka_payments.rs sets batch.num.messages=1 for the producer: tansu
     # 0.6 reports a partition's high watermark as its last batch's base offset + 1, so a
     # multi-record batch would hide its records from a watermark).
     extra = json.loads(os.environ.get("KAFKA_CONFIG", "{}"))

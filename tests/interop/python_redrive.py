@@ -1,4 +1,4 @@
-"""The upstream Python SDK's side of tests/redrive_python.rs (redrive and replay-bypass).
+"""The upstream Python SDK's side of tests/it/redrive_python.rs (redrive and replay-bypass).
 
     python_redrive.py redrive <redis-url> <dlq>      redrive(..., bypass=True), items as JSON
     python_redrive.py consume <redis-url> <queue> <urn> <n>

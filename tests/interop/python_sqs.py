@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The upstream Python SDK (babelqueue[sqs] 1.24.0, its boto3 transport) on SQS (moto in the
-tests), for tests/sqs_payments.rs.
+tests), for tests/it/sqs_payments.rs.
 
     python_sqs.py produce   # N payments, each published TWICE (the same bytes), by the SDK
     python_sqs.py consume   # the SDK's own consumer until the queue stays empty
