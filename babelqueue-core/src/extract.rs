@@ -61,8 +61,15 @@ impl StateMap {
 
     /// Stores `value` as the state of type `T`, replacing an earlier one.
     pub fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+        self.insert_arc(Arc::new(value));
+    }
+
+    /// Stores the `T` behind `value` as the state of type `T`, replacing an earlier
+    /// one: the map shares your `Arc` instead of making its own, so a [`State<T>`]
+    /// argument gets a clone of the handle you keep.
+    pub fn insert_arc<T: Send + Sync + 'static>(&mut self, value: Arc<T>) {
         self.values
-            .insert(TypeId::of::<T>(), (Arc::new(value), type_name::<T>()));
+            .insert(TypeId::of::<T>(), (value, type_name::<T>()));
     }
 
     /// The state of type `T`, if any.
@@ -183,7 +190,9 @@ impl PayloadError {
 /// Shared state of type `T`, injected by type from the router's state
 /// ([`Router::state`](crate::Router::state)). The router keeps one `T` behind an `Arc`;
 /// each call gets the `Arc` (no `Clone` needed on `T`), and `State<T>` dereferences to
-/// `T`.
+/// `T`. To keep a handle of your own, hand the router your `Arc` with
+/// [`Router::state_arc`](crate::Router::state_arc): `state(arc)` would register an
+/// `Arc<T>`, read by `State<Arc<T>>`.
 ///
 /// A `State<S>` of a store is itself a store, so `#[idempotent(store = store)]` works on
 /// an argument `store: State<S>`: a store chosen at start-up needs no `static`.
@@ -210,13 +219,13 @@ impl<T: Send + Sync + 'static> FromEnvelope for State<T> {
         state
             .get_shared::<T>()
             .map(State)
-            .ok_or_else(MissingState::of::<T>)
+            .ok_or_else(|| MissingState::in_map::<T>(state))
     }
 
     fn check_state(state: &StateMap) -> Result<(), MissingState> {
         match state.get::<T>() {
             Some(_) => Ok(()),
-            None => Err(MissingState::of::<T>()),
+            None => Err(MissingState::in_map::<T>(state)),
         }
     }
 }
@@ -230,12 +239,25 @@ impl<T: Send + Sync + 'static> FromEnvelope for State<T> {
 /// it as the handler's error instead: the handler does not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{}takes `State<{type_name}>` but the router has no `{type_name}`; add it with `Router::state(...)` (or `App::state(...)`)",
-    handler_prefix(handler.as_deref())
+    "{}takes `State<{type_name}>` but the router has no `{type_name}`; {}",
+    handler_prefix(handler.as_deref()),
+    advice(type_name, *arc_of_it)
 )]
 pub struct MissingState {
     type_name: &'static str,
     handler: Option<String>,
+    /// The map holds an `Arc<T>` (registered with `state(arc)`), not a `T`.
+    arc_of_it: bool,
+}
+
+fn advice(type_name: &str, arc_of_it: bool) -> String {
+    if arc_of_it {
+        format!(
+            "it holds an `Arc<{type_name}>`: register the `Arc` with `Router::state_arc(...)` (or `App::state_arc(...)`) instead of `state`"
+        )
+    } else {
+        "add it with `Router::state(...)` (or `App::state(...)`)".to_owned()
+    }
 }
 
 fn handler_prefix(handler: Option<&str>) -> String {
@@ -246,10 +268,12 @@ fn handler_prefix(handler: Option<&str>) -> String {
 }
 
 impl MissingState {
-    fn of<T>() -> Self {
+    /// `T` is missing from `state`; noticed when `state` holds an `Arc<T>` instead.
+    fn in_map<T: Send + Sync + 'static>(state: &StateMap) -> Self {
         MissingState {
             type_name: type_name::<T>(),
             handler: None,
+            arc_of_it: state.get::<Arc<T>>().is_some(),
         }
     }
 
@@ -340,6 +364,41 @@ mod tests {
         assert_eq!(*State::<String>::from_envelope(&e, &state).unwrap(), "pool");
         let missing = State::<u64>::from_envelope(&e, &state).unwrap_err();
         assert_eq!(missing.type_name(), "u64");
+    }
+
+    #[test]
+    fn state_from_your_own_arc() {
+        #[derive(Debug)]
+        struct Ledger(u32);
+        let ledger = Arc::new(Ledger(7));
+        let mut state = StateMap::new();
+        state.insert_arc(Arc::clone(&ledger));
+        let e = env(serde_json::json!({}));
+        let got = State::<Ledger>::from_envelope(&e, &state).unwrap();
+        assert_eq!(got.0.0, 7);
+        // The handler's `State` is the caller's `Arc`, not a copy behind another one.
+        assert!(Arc::ptr_eq(&got.0, &ledger));
+        assert!(State::<Ledger>::check_state(&state).is_ok());
+    }
+
+    #[test]
+    fn an_arc_registered_as_a_value_is_named_in_the_error() {
+        #[derive(Debug)]
+        struct Ledger;
+        let mut state = StateMap::new();
+        state.insert(Arc::new(Ledger));
+        let missing = State::<Ledger>::check_state(&state).unwrap_err();
+        assert!(missing.to_string().contains("state_arc"), "{missing}");
+        let e = env(serde_json::json!({}));
+        let missing = State::<Ledger>::from_envelope(&e, &state).unwrap_err();
+        assert!(missing.to_string().contains("state_arc"), "{missing}");
+        // Without an `Arc` of it, the usual advice.
+        let missing = State::<u8>::check_state(&state).unwrap_err();
+        assert!(
+            missing
+                .to_string()
+                .contains("add it with `Router::state(...)`")
+        );
     }
 
     #[test]

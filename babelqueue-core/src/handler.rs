@@ -369,9 +369,35 @@ impl Router {
         self
     }
 
+    /// Adds shared state you already hold in an `Arc`: handlers taking a
+    /// [`State<T>`](crate::extract::State) get a clone of `value` (the same `T`, not a
+    /// copy), and you keep your handle. [`state(arc)`](Self::state) would register an
+    /// `Arc<T>`, read by `State<Arc<T>>`; this registers the `T`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use babelqueue_core::Router;
+    /// struct Ledger { fee: u32 }
+    /// let ledger = Arc::new(Ledger { fee: 30 }); // also used outside the handlers
+    /// let router = Router::new().state_arc(Arc::clone(&ledger));
+    /// // What a `State<Ledger>` argument receives: your `Arc`.
+    /// let shared: Arc<Ledger> = router.state_map().get_shared::<Ledger>().unwrap();
+    /// assert!(Arc::ptr_eq(&shared, &ledger));
+    /// assert_eq!(shared.fee, 30);
+    /// ```
+    pub fn state_arc<T: Send + Sync + 'static>(mut self, value: Arc<T>) -> Self {
+        self.add_state_arc(value);
+        self
+    }
+
     /// Adds shared state in place (see [`state`](Self::state)).
     pub fn add_state<T: Send + Sync + 'static>(&mut self, value: T) -> &mut Self {
-        Arc::make_mut(&mut self.state).insert(value);
+        self.add_state_arc(Arc::new(value))
+    }
+
+    /// Adds shared state from your own `Arc` in place (see [`state_arc`](Self::state_arc)).
+    pub fn add_state_arc<T: Send + Sync + 'static>(&mut self, value: Arc<T>) -> &mut Self {
+        Arc::make_mut(&mut self.state).insert_arc(value);
         let handlers: Vec<_> = self.handlers.values().cloned().collect();
         for handler in handlers {
             let bound = self.bind(&handler);

@@ -222,6 +222,24 @@ impl App {
         self
     }
 
+    /// Adds shared state you already hold in an `Arc`, read by handlers as
+    /// [`State<T>`](crate::extract::State) (see [`Router::state_arc`]): you keep a handle
+    /// to the same `T` the handlers see.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use babelqueue_core::runtime::{App, InMemoryTransport};
+    /// struct Ledger { fee: u32 }
+    /// let ledger = Arc::new(Ledger { fee: 30 });
+    /// let app = App::new(InMemoryTransport::new()).state_arc(Arc::clone(&ledger));
+    /// # let _ = (app, ledger.fee);
+    /// ```
+    #[must_use]
+    pub fn state_arc<T: Send + Sync + 'static>(mut self, value: Arc<T>) -> Self {
+        Arc::make_mut(&mut self.router).add_state_arc(value);
+        self
+    }
+
     /// Routes `urn` to a blocking closure (see [`Router::route_sync`]).
     #[must_use]
     pub fn route_sync<F, R>(mut self, urn: impl Into<String>, f: F) -> Self
