@@ -320,15 +320,34 @@ impl<S: Store + ?Sized> Guard<'_, S, Dedupe> {
         R: HandlerResult,
         S::Error: IntoHandlerError<R::Error>,
     {
+        self.run_converting(key, handler, IntoHandlerError::into_handler_error)
+    }
+
+    /// [`run`](Self::run) with the conversion of the store's error into the handler's
+    /// error given as a value (`store_error`) instead of the bound
+    /// `S::Error: IntoHandlerError<R::Error>`. What the `#[idempotent]` expansion calls:
+    /// it names the conversion at the user's return type, so a store error that does not
+    /// convert is reported there, once.
+    #[doc(hidden)]
+    pub fn run_converting<K, F, R, C>(
+        self,
+        key: K,
+        handler: F,
+        store_error: C,
+    ) -> Result<Guarded, R::Error>
+    where
+        K: DedupeKey,
+        F: FnOnce() -> R,
+        R: HandlerResult,
+        C: FnOnce(S::Error) -> R::Error,
+    {
         let (store, ttl) = (self.store, self.ttl);
         let Some(key) = key.dedupe_key() else {
             handler().into_result()?;
             return Ok(Guarded::unclaimed(done(Outcome::RanWithoutKey)));
         };
         let _turn = inflight::turn_blocking(&key);
-        if inflight::store_before_sync(&key, || store.seen(&key))
-            .map_err(IntoHandlerError::into_handler_error)?
-        {
+        if inflight::store_before_sync(&key, || store.seen(&key)).map_err(store_error)? {
             return Ok(Guarded::unclaimed(skipped(&key)));
         }
         inflight::handler_runs();
@@ -373,6 +392,27 @@ impl<S: AsyncStore + ?Sized> Guard<'_, S, Dedupe> {
         R: HandlerResult,
         S::Error: IntoHandlerError<R::Error>,
     {
+        self.run_async_converting(key, handler, IntoHandlerError::into_handler_error)
+    }
+
+    /// [`run_async`](Self::run_async) with the conversion of the store's error into the
+    /// handler's error given as a value (`store_error`) instead of the bound
+    /// `S::Error: IntoHandlerError<R::Error>`. What the `#[idempotent]` expansion of an
+    /// `async fn` calls: it names the conversion at the user's return type, so a store
+    /// error that does not convert is reported there, once.
+    #[doc(hidden)]
+    pub fn run_async_converting<K, Fut, R, C>(
+        self,
+        key: K,
+        handler: Fut,
+        store_error: C,
+    ) -> impl Future<Output = Result<Guarded, R::Error>>
+    where
+        K: DedupeKey,
+        Fut: Future<Output = R>,
+        R: HandlerResult,
+        C: FnOnce(S::Error) -> R::Error,
+    {
         let (store, ttl) = (self.store, self.ttl);
         // A plain `fn` returning an `async` block, not an `async fn`: the key is read
         // through a reference to the `dedupe_key` answer, and a store's answer is awaited
@@ -399,7 +439,7 @@ impl<S: AsyncStore + ?Sized> Guard<'_, S, Dedupe> {
                 let answer = store.seen(key).await;
                 delivery.store_answer(key, answer)
             };
-            if seen.map_err(IntoHandlerError::into_handler_error)? {
+            if seen.map_err(store_error)? {
                 return Ok(Guarded::unclaimed(skipped(key)));
             }
             if runtime {

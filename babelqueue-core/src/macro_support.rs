@@ -188,134 +188,102 @@ pub trait StoreErrorFits<K: ReturnKind>: IntoHandlerError<K::Error> {}
 impl<Err: CannotFail> StoreErrorFits<UnitKind> for Err {}
 impl<Err: ConvertsInto<E>, E> StoreErrorFits<ResultKind<E>> for Err {}
 
-/// The seen-set guard of a sync handler, as `guard_trait!` calls it.
+/// The conversion of a store's error `X` into a handler's error `E`: what the expansion
+/// passes to [`SyncGuard::guard`] and [`AsyncGuard::guard`] as `|| store_error_into`,
+/// spanned at the handler's return type `Result<(), E>`, so a store error that does not
+/// convert is reported there, once (the bound is checked where this fn item becomes a
+/// fn pointer).
 #[inline]
-fn run_seen_set<S, Q, F, R>(
-    store: &S,
-    key: Q,
-    ttl: Option<Duration>,
-    body: F,
-) -> Result<Guarded, R::Error>
-where
-    S: Store + ?Sized,
-    Q: DedupeKey,
-    F: FnOnce() -> R,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    Guard::new(store).ttl(ttl).run(key, body)
+pub fn store_error_into<X: ConvertsInto<E>, E>(error: X) -> E {
+    error.into_handler_error()
 }
 
-/// The seen-set guard of an async handler, as `guard_trait!` calls it.
+/// [`store_error_into`] for a handler returning `()`: the store must not be able to
+/// fail.
 #[inline]
-fn run_seen_set_async<S, Q, Fut, R>(
-    store: &S,
-    key: Q,
-    ttl: Option<Duration>,
-    body: Fut,
-) -> impl Future<Output = Result<Guarded, R::Error>>
-where
-    S: AsyncStore + ?Sized,
-    Q: DedupeKey,
-    Fut: Future<Output = R>,
-    R: HandlerResult,
-    S::Error: IntoHandlerError<R::Error>,
-{
-    Guard::new(store).ttl(ttl).run_async(key, body)
+pub fn store_error_unit<X: CannotFail>(error: X) -> Infallible {
+    error.into_handler_error()
 }
 
-// The guards are generic over the return *kind* `K`, which the expansion names as
-// `<ReturnType as IdempotentReturn>::Kind` spanned at the user's return type: an
-// unsupported return type is reported there, once; the guard call then cannot tell its
-// kind, an ambiguity rustc does not report after an error.
+/// The guard of a sync `#[idempotent]` handler whose return type has the kind `K`, for
+/// a store `Self`.
+///
+/// Its only requirement on the store is the public trait itself (`Self: Store`, a bound
+/// of the method), so an expression that is not a store is reported with
+/// [`Store`]'s own message. The store's error is turned into the handler's by the
+/// conversion `store_error` returns, which the expansion names at the handler's return
+/// type.
+pub trait SyncGuard<K: ReturnKind> {
+    /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the `&Envelope`
+    /// whose `meta.id` is the key).
+    fn guard<Q, F, X, C>(&self, key: Q, ttl: Option<Duration>, body: F, store_error: C) -> K::Ret
+    where
+        Self: Store<Error = X>,
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        C: FnOnce() -> fn(X) -> K::Error;
+}
 
-macro_rules! guard_trait {
-    (
-        $(#[$meta:meta])*
-        $name:ident, $kind_bound:path, $marker:ident $(+ $extra:ident)?, $fits:ident, $run:ident,
-        (), sync
-    ) => {
-        $(#[$meta])*
-        pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
-            /// `&Envelope` whose `meta.id` is the key).
-            fn guard<Q, F>(
-                &self,
-                key: Q,
-                ttl: Option<Duration>,
-                body: F,
-            ) -> K::Ret
-            where
-                Q: DedupeKey,
-                F: FnOnce() -> K::Ret;
-        }
+impl<S: ?Sized, K: ReturnKind> SyncGuard<K> for S {
+    #[inline]
+    fn guard<Q, F, X, C>(&self, key: Q, ttl: Option<Duration>, body: F, store_error: C) -> K::Ret
+    where
+        Self: Store<Error = X>,
+        Q: DedupeKey,
+        F: FnOnce() -> K::Ret,
+        C: FnOnce() -> fn(X) -> K::Error,
+    {
+        K::from_guard(
+            Guard::new(self)
+                .ttl(ttl)
+                .run_converting(key, body, store_error()),
+        )
+    }
+}
 
-        impl<S, K> $name<K> for S
-        where
-            S: $marker $(+ $extra)? + ?Sized,
-            K: $kind_bound,
-            S: $fits<K>,
-        {
-            fn guard<Q, F>(
-                &self,
-                key: Q,
-                ttl: Option<Duration>,
-                body: F,
-            ) -> K::Ret
-            where
-                Q: DedupeKey,
-                F: FnOnce() -> K::Ret,
-            {
-                K::from_guard($run(self, key, ttl, body))
-            }
-        }
-    };
-    (
-        $(#[$meta:meta])*
-        $name:ident, $kind_bound:path, $marker:ident, $fits:ident, $run:ident,
-        (), async
-    ) => {
-        $(#[$meta])*
-        pub trait $name<K: ReturnKind> {
-            /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the
-            /// `&Envelope` whose `meta.id` is the key).
-            fn guard<Q, Fut>(
-                &self,
-                key: Q,
-                ttl: Option<Duration>,
-                body: Fut,
-            ) -> impl Future<Output = K::Ret>
-            where
-                Q: DedupeKey,
-                Fut: Future<Output = K::Ret>;
-        }
+/// The guard of an async `#[idempotent]` handler whose return type has the kind `K`, for
+/// a store `Self`: [`SyncGuard`] for an [`AsyncStore`].
+pub trait AsyncGuard<K: ReturnKind> {
+    /// Runs `body` under the guard, keyed on `key` (a [`GuardKey`], or the `&Envelope`
+    /// whose `meta.id` is the key).
+    fn guard<Q, Fut, X, C>(
+        &self,
+        key: Q,
+        ttl: Option<Duration>,
+        body: Fut,
+        store_error: C,
+    ) -> impl Future<Output = K::Ret>
+    where
+        Self: AsyncStore<Error = X>,
+        Q: DedupeKey,
+        Fut: Future<Output = K::Ret>,
+        C: FnOnce() -> fn(X) -> K::Error;
+}
 
-        impl<S, K> $name<K> for S
-        where
-            S: $marker + ?Sized,
-            K: $kind_bound,
-            S: $fits<K>,
-        {
-            #[inline]
-            fn guard<Q, Fut>(
-                &self,
-                key: Q,
-                ttl: Option<Duration>,
-                body: Fut,
-            ) -> impl Future<Output = K::Ret>
-            where
-                Q: DedupeKey,
-                Fut: Future<Output = K::Ret>,
-            {
-                // The guard's future itself, its output mapped in place: no `async` layer
-                // around it that would move the body's future once more.
-                FromGuard::<_, K> {
-                    fut: $run(self, key, ttl, body),
-                    _kind: PhantomData,
-                }
-            }
+impl<S: ?Sized, K: ReturnKind> AsyncGuard<K> for S {
+    #[inline]
+    fn guard<Q, Fut, X, C>(
+        &self,
+        key: Q,
+        ttl: Option<Duration>,
+        body: Fut,
+        store_error: C,
+    ) -> impl Future<Output = K::Ret>
+    where
+        Self: AsyncStore<Error = X>,
+        Q: DedupeKey,
+        Fut: Future<Output = K::Ret>,
+        C: FnOnce() -> fn(X) -> K::Error,
+    {
+        // The guard's future itself, its output mapped in place: no `async` layer
+        // around it that would move the body's future once more.
+        FromGuard::<_, K> {
+            fut: Guard::new(self)
+                .ttl(ttl)
+                .run_async_converting(key, body, store_error()),
+            _kind: PhantomData,
         }
-    };
+    }
 }
 
 /// The future of [`AsyncGuard::guard`]: the guard's future, its output turned into the
@@ -345,28 +313,6 @@ where
             .poll(cx)
             .map(K::from_guard)
     }
-}
-
-guard_trait! {
-    /// The guard of a sync `#[idempotent]` handler whose return type has the kind `K`,
-    /// for a store `Self`.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` is not a seen-set store a sync handler can use",
-        label = "this `store = ...` does not implement `babelqueue::Store`",
-        note = "a sync fn needs a blocking `Store` (`InMemoryStore`, the SQLite store, or your own impl); a store implementing only `AsyncStore` (Redis, PostgreSQL) needs an `async fn` handler"
-    )]
-    SyncGuard, ReturnKind, SeenSetStore, StoreFits, run_seen_set, (), sync
-}
-
-guard_trait! {
-    /// The guard of an async `#[idempotent]` handler whose return type has the kind `K`,
-    /// for a store `Self`.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` is not a seen-set store an async handler can use",
-        label = "this `store = ...` does not implement `babelqueue::AsyncStore`",
-        note = "an `async fn` needs an `AsyncStore` (`InMemoryStore`, the Redis, PostgreSQL or SQLite stores, or your own impl); a store implementing only the blocking `Store` needs a sync fn"
-    )]
-    AsyncGuard, ReturnKind, AsyncSeenSetStore, AsyncStoreFits, run_seen_set_async, (), async
 }
 
 /// The lease-mode guard of a sync `#[idempotent(lease = ...)]` handler whose return type
@@ -859,6 +805,13 @@ impl<T> ProbeNoState for &StateProbe<T> {
     }
 }
 
+/// What the handler type of a `#[handler]` fn runs when `#[idempotent]`, stacked with it,
+/// rejected the fn's return type: a compile error, so never run; `#[handler]` does not
+/// check the return type a second time.
+pub fn return_rejected() -> BoxFuture<'static, HandlerOutput> {
+    Box::pin(std::future::pending())
+}
+
 /// The router's output for a handler whose arguments could not be built: it did not run.
 pub fn rejected(error: HandlerError) -> BoxFuture<'static, HandlerOutput> {
     Box::pin(std::future::ready(Err(error)))
@@ -873,14 +826,27 @@ mod tests {
     fn unit_and_result_returns_map_back() {
         let store = InMemoryStore::new();
         let mut runs = 0;
-        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
-        SyncGuard::<UnitKind>::guard(&store, GuardKey::from("a"), None, || runs += 1);
+        SyncGuard::<UnitKind>::guard(
+            &store,
+            GuardKey::from("a"),
+            None,
+            || runs += 1,
+            || store_error_unit,
+        );
+        SyncGuard::<UnitKind>::guard(
+            &store,
+            GuardKey::from("a"),
+            None,
+            || runs += 1,
+            || store_error_unit,
+        );
         assert_eq!(runs, 1);
         let r = SyncGuard::<ResultKind<std::io::Error>>::guard(
             &store,
             GuardKey::from("b"),
             None,
             || Err(std::io::Error::other("boom")),
+            || store_error_into,
         );
         assert!(r.is_err());
         assert!(!Store::seen(&store, "b").unwrap());
@@ -899,6 +865,7 @@ mod tests {
                 GuardKey::from("a"),
                 None,
                 async { Ok(()) },
+                || store_error_into,
             );
             assert_send(fut).await.unwrap();
             runs += 1;
@@ -1000,9 +967,15 @@ mod tests {
         let store = InMemoryStore::new();
         let mut runs = 0;
         for _ in 0..2 {
-            let fut = AsyncGuard::<UnitKind>::guard(&store, GuardKey::from("c"), None, async {
-                runs += 1;
-            });
+            let fut = AsyncGuard::<UnitKind>::guard(
+                &store,
+                GuardKey::from("c"),
+                None,
+                async {
+                    runs += 1;
+                },
+                || store_error_unit,
+            );
             guard_future(fut, || never(())).await;
         }
         assert_eq!(runs, 1);

@@ -35,6 +35,12 @@ use std::time::Duration;
 /// Store::forget(&store, "id-A").unwrap();
 /// assert!(!Store::seen(&store, "id-A").unwrap());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a blocking seen-set store: it does not implement `babelqueue::Store`",
+    label = "expected a `babelqueue::Store` here",
+    note = "a sync handler needs a blocking `Store`: `InMemoryStore`, the SQLite store, or your own `impl babelqueue::Store`; a store implementing only `AsyncStore` (Redis, PostgreSQL) needs an `async fn` handler",
+    note = "a reference, `Box`, `Arc`, `LazyLock` or `State` of a store is a store; a `Mutex` or `RwLock` of one is not (a store's methods take `&self`: share the store itself)"
+)]
 pub trait Store {
     /// The store's error (use [`std::convert::Infallible`] for a store that cannot fail).
     type Error: std::error::Error + Send + Sync + 'static;
@@ -68,6 +74,12 @@ pub trait Store {
 /// assert!(AsyncStore::seen(&store, "id-A").await.unwrap());
 /// # });
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an async seen-set store: it does not implement `babelqueue::AsyncStore`",
+    label = "expected a `babelqueue::AsyncStore` here",
+    note = "an `async fn` handler needs an `AsyncStore`: `InMemoryStore`, the Redis, PostgreSQL or SQLite stores, or your own `impl babelqueue::AsyncStore`; a store implementing only the blocking `Store` needs a sync fn",
+    note = "a reference, `Box`, `Arc`, `LazyLock` or `State` of a store is a store; a `Mutex` or `RwLock` of one is not (a store's methods take `&self`: share the store itself)"
+)]
 pub trait AsyncStore: Send + Sync {
     /// The store's error (use [`std::convert::Infallible`] for a store that cannot fail).
     type Error: std::error::Error + Send + Sync + 'static;

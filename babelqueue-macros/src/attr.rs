@@ -505,7 +505,15 @@ pub fn tokens_text(tokens: &impl quote::ToTokens) -> String {
 pub struct HandlerArgs {
     pub urn: Option<LitStr>,
     pub krate: Option<Path>,
+    /// Set by `#[idempotent]` written above `#[handler]` when it rejected the fn's return
+    /// type (see [`RETURN_REPORTED`]).
+    pub return_reported: bool,
 }
+
+/// A hidden `#[handler]` argument that `#[idempotent]`, written above it, adds when it
+/// has rejected the fn's return type: `#[handler]` then does not check the return type a
+/// second time, so the mistake gets one error, `#[idempotent]`'s.
+pub const RETURN_REPORTED: &str = "__babelqueue_return_reported";
 
 const URN_EXAMPLE: &str = "#[handler(\"urn:babel:payments:charge\")]";
 
@@ -514,6 +522,7 @@ pub fn parse_handler(args: TokenStream) -> (HandlerArgs, Errors) {
     let mut out = HandlerArgs {
         urn: None,
         krate: None,
+        return_reported: false,
     };
     let mut errors = Errors::default();
     let parser = |input: ParseStream| {
@@ -585,6 +594,14 @@ fn parse_handler_one(input: ParseStream, out: &mut HandlerArgs) -> syn::Result<(
         }
         out.krate = Some(path);
         return Ok(());
+    }
+    if input.peek(Ident) && !input.peek2(Token![=]) {
+        let fork = input.fork();
+        if fork.parse::<Ident>().is_ok_and(|i| i == RETURN_REPORTED) {
+            input.parse::<Ident>()?;
+            out.return_reported = true;
+            return Ok(());
+        }
     }
     if input.peek(Ident) && input.peek2(Token![=]) {
         let name = input.call(<Ident as syn::ext::IdentExt>::parse_any)?;

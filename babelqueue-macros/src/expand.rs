@@ -35,6 +35,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     let shape = validate::idempotent(&f, &args, &mut errors);
     if let Err(e) = errors.into_result() {
+        let mut f = f;
+        if validate::idempotent_rejects_return(&f.sig.output) {
+            mark_return_reported(&mut f.attrs);
+        }
         return with_errors_fn(e, &f);
     }
     let Some(store) = &args.store else {
@@ -42,6 +46,38 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         return f.into_token_stream();
     };
     guarded_fn(&args, store, &shape, f)
+}
+
+/// Adds the hidden argument [`attr::RETURN_REPORTED`] to a `#[handler(...)]` attribute
+/// among `attrs` (written below `#[idempotent]`, so expanded after it): the return type
+/// `#[idempotent]` rejected is not reported a second time by `#[handler]`.
+fn mark_return_reported(attrs: &mut [Attribute]) {
+    for a in attrs {
+        let is_handler = a
+            .path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "handler");
+        let syn::Meta::List(list) = &mut a.meta else {
+            continue;
+        };
+        if is_handler {
+            let tokens = &list.tokens;
+            let flag = Ident::new(attr::RETURN_REPORTED, Span::call_site());
+            list.tokens = quote!(#tokens, #flag);
+        }
+    }
+}
+
+/// Whether `attrs` hold an `#[idempotent(...)]` attribute (written below `#[handler]`, so
+/// expanded after it).
+fn has_idempotent(attrs: &[Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "idempotent")
+    })
 }
 
 /// The URN of a `#[handler("urn:...")]` attribute among `attrs`.
@@ -449,6 +485,28 @@ fn guarded_fn(
                 quote!(, #phantom)
             }
         }
+        // The seen-set guards: the store's error is turned into the handler's error by a
+        // closure `|| store_error_into` spanned at the return type (`store_error_unit` for
+        // `()`), so a store error that does not convert is reported there, once: the
+        // bound is checked in the closure's body, where the fn item becomes the fn
+        // pointer the guard's method takes; the method itself only requires the store
+        // trait. Without a return type, at the store.
+        (None, output) if !by_return_type => {
+            let (rf, rl, convert) = match (output, &shape.ret) {
+                (ReturnType::Type(_, t), Return::Unit) => {
+                    let (rf, rl) = first_last(t);
+                    (rf, rl, quote!(store_error_unit))
+                }
+                (ReturnType::Type(_, t), Return::Typed(_)) => {
+                    let (rf, rl) = first_last(t);
+                    (rf, rl, quote!(store_error_into))
+                }
+                (ReturnType::Default, _) => (first, last, quote!(store_error_unit)),
+            };
+            let bars = quote_spanned!(rf=> ||);
+            let convert = respan_range(quote!(#private::#convert), rf, rl);
+            quote!(, #bars #convert)
+        }
         _ => TokenStream::new(),
     };
     let args_group = Group::new(
@@ -550,7 +608,8 @@ pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     let rt = krate::runtime(args.krate.as_ref());
     let private = quote!(#rt::__private);
     let callee = f.sig.ident.to_token_stream();
-    let items = handler_type(&f, &shape, urn, &private, &callee, &f.vis);
+    let return_reported = return_reported(&args, &f);
+    let items = handler_type(&f, &shape, urn, &private, &callee, return_reported);
     quote! {
         #f
         #items
@@ -628,7 +687,15 @@ fn handler_impl(
         let private = quote!(#rt::__private);
         let name = &f.sig.ident;
         let callee = quote!(#callee_base::#name);
-        items.push(handler_type(&f, &shape, urn, &private, &callee, &f.vis));
+        let return_reported = return_reported(&fn_args, &f);
+        items.push(handler_type(
+            &f,
+            &shape,
+            urn,
+            &private,
+            &callee,
+            return_reported,
+        ));
     }
     if !found && errors.0.is_none() {
         errors.error(
@@ -648,15 +715,26 @@ fn handler_impl(
     }
 }
 
-/// The handler type named like the fn `f`, calling it through `callee`.
+/// Whether `#[idempotent]`, stacked with `#[handler]` on `f`, reports `f`'s return type
+/// (expanded before it and said so, or still to expand): `#[handler]` then leaves it
+/// alone, so the mistake gets one error.
+fn return_reported(args: &attr::HandlerArgs, f: &ItemFn) -> bool {
+    args.return_reported
+        || (has_idempotent(&f.attrs) && validate::idempotent_rejects_return(&f.sig.output))
+}
+
+/// The handler type named like the fn `f`, calling it through `callee`. With
+/// `return_reported` (a return type `#[idempotent]` reports), its `call_with` does not
+/// name the return type.
 fn handler_type(
     f: &ItemFn,
     shape: &validate::HandlerShape,
     urn: &syn::LitStr,
     private: &TokenStream,
     callee: &TokenStream,
-    vis: &syn::Visibility,
+    return_reported: bool,
 ) -> TokenStream {
+    let vis = &f.vis;
     let sig = &f.sig;
     let name = &sig.ident;
     let cfgs: Vec<_> = f
@@ -734,7 +812,10 @@ fn handler_type(
     if checks.is_empty() {
         checks.push(quote!(let _ = #state;));
     }
-    let binding = if needs_mut {
+    if return_reported {
+        lets.clear();
+    }
+    let binding = if needs_mut && !return_reported {
         quote!(mut #envelope)
     } else {
         quote!(#envelope)
@@ -751,7 +832,13 @@ fn handler_type(
     call_group.set_span(name_last);
     let call = quote!(#callee #call_group);
     let routable_path = routable(&ret_ty, private, ret_first, ret_last);
-    let route = if sig.asyncness.is_some() {
+    let route = if return_reported {
+        // Never built into a program: `#[idempotent]` reports the return type.
+        quote! {
+            let _ = (&#envelope, #state, #callee);
+            #private::return_rejected()
+        }
+    } else if sig.asyncness.is_some() {
         let method = quote_spanned!(ret_last=> route_async);
         let body = respan(quote!(async move), name_first);
         let mut block = Group::new(Delimiter::Brace, quote!(#call.await));

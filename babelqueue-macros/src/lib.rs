@@ -96,9 +96,13 @@ use proc_macro::TokenStream;
 ///             println!("charging {}", env.data["amount"]);     // your body
 ///             Ok(())
 ///         },
+///         || store_error_into,                                // at the return type
 ///     )
 /// }
 /// ```
+///
+/// The last argument converts the store's error into yours; it is spanned at your return
+/// type, so a store error that does not convert is reported there.
 ///
 /// Generated locals are mixed-site (hygienic): a parameter of yours named like one is
 /// never shadowed. The body of an `async fn` starts with a "fake return" at the

@@ -332,6 +332,15 @@ fn is_envelope_path(ty: &Type) -> bool {
 }
 
 /// Checks the return type: `()` or `Result<(), E>` where that can be told from the tokens.
+/// Whether `#[idempotent]` rejects this return type by its syntax (e.g. `-> bool`), an
+/// error it reports itself: `#[handler]`, stacked with it, then leaves the return type
+/// alone, so the mistake gets one error.
+pub fn idempotent_rejects_return(output: &ReturnType) -> bool {
+    let mut errors = Errors::default();
+    return_type(output, &mut errors);
+    errors.0.is_some()
+}
+
 fn return_type(output: &ReturnType, errors: &mut Errors) -> Return {
     let ty = match output {
         ReturnType::Default => return Return::Unit,
