@@ -123,7 +123,10 @@ pub(crate) fn remove_member(text: &[u8], key: &str) -> Option<Vec<u8>> {
 }
 
 /// The inverse of [`append`]: `text` without its last member when that member is `key`
-/// (the exact bytes it had before the append). `None` otherwise.
+/// (the exact bytes it had before the append). The separator before it must be a comma,
+/// optionally after whitespace (where the family's splice, which appends before the
+/// closing brace, leaves the whitespace that stood there); the comma goes, the whitespace
+/// stays. `None` otherwise.
 pub(crate) fn strip_last(text: &[u8], key: &str) -> Option<Vec<u8>> {
     let (members, open) = members(text)?;
     let last = members.last()?;
@@ -135,11 +138,15 @@ pub(crate) fn strip_last(text: &[u8], key: &str) -> Option<Vec<u8>> {
         n => members[n - 2].value_end,
     };
     let separator = &text[from..last.key_start];
-    // What `append` writes between the previous value and the key: a comma, nothing else.
-    let expected: &[u8] = if members.len() == 1 { b"" } else { b"," };
-    if separator != expected {
-        return None;
-    }
+    // What `append` writes between the previous value and the key: a comma, nothing else
+    // (the family's splice: whitespace, then the comma).
+    let from = match separator.split_last() {
+        None if members.len() == 1 => from,
+        Some((b',', ws)) if members.len() > 1 && ws.iter().all(u8::is_ascii_whitespace) => {
+            last.key_start - 1
+        }
+        _ => return None,
+    };
     let mut out = Vec::with_capacity(text.len());
     out.extend_from_slice(&text[..from]);
     out.extend_from_slice(&text[last.value_end..]);
