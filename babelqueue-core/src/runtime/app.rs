@@ -205,7 +205,8 @@ impl App {
     /// ```
     /// use babelqueue_core::runtime::{App, EmptyQueueName, InMemoryTransport};
     /// let app = App::new(InMemoryTransport::new()).queue("");
-    /// assert_eq!(app.check_config(), Err(EmptyQueueName));
+    /// let err: EmptyQueueName = app.check_config().unwrap_err();
+    /// assert!(err.to_string().contains("queue name is empty"));
     /// ```
     #[must_use]
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
