@@ -5,8 +5,10 @@ use serde_json::{Map, Value};
 
 /// A queue element: its envelope object and, for a frame, the frame around it.
 pub(crate) struct Element {
-    /// The frame object when the element is a frame (its `body` is re-encoded on write).
-    frame: Option<Map<String, Value>>,
+    /// The element's bytes, as read.
+    bytes: Vec<u8>,
+    /// Whether the element is a header frame (its `body` is edited on write).
+    framed: bool,
     /// The envelope object (`None`: the body is not a JSON object).
     pub envelope: Option<Map<String, Value>>,
 }
@@ -33,12 +35,14 @@ impl Element {
                     .and_then(Value::as_str)
                     .and_then(|b| parse_object(b.as_bytes()));
                 Element {
-                    frame: Some(obj),
+                    bytes: bytes.to_vec(),
+                    framed: true,
                     envelope,
                 }
             }
             envelope => Element {
-                frame: None,
+                bytes: bytes.to_vec(),
+                framed: false,
                 envelope,
             },
         }
@@ -78,24 +82,19 @@ impl Element {
     }
 
     /// The element without its `dead_letter` block (and `attempts` reset unless
-    /// `keep_attempts`), re-framed when it was a frame. `None` when there is no envelope
-    /// object to edit.
-    pub(crate) fn requeued(mut self, keep_attempts: bool) -> Option<Vec<u8>> {
-        let mut env = self.envelope.take()?;
-        env.shift_remove("dead_letter");
-        if !keep_attempts && let Some(a) = env.get_mut("attempts") {
-            *a = Value::from(0);
+    /// `keep_attempts`), edited in its text: every other byte stays (numbers of any size
+    /// and spelling, key order, whitespace; a frame's other members). `None` when there is
+    /// no envelope object to edit.
+    pub(crate) fn requeued(self, keep_attempts: bool) -> Option<Vec<u8>> {
+        let envelope = self.envelope?;
+        let reset_attempts = !keep_attempts && envelope.contains_key("attempts");
+        if !self.framed {
+            return babelqueue_core::redrive::reset_text(&self.bytes, reset_attempts);
         }
-        let body = serde_json::to_string(&Value::Object(env)).ok()?;
-        match self.frame {
-            None => Some(body.into_bytes()),
-            Some(mut frame) => {
-                if let Some(b) = frame.get_mut("body") {
-                    *b = Value::String(body);
-                }
-                serde_json::to_vec(&Value::Object(frame)).ok()
-            }
-        }
+        let body = Element::body(&self.bytes);
+        let body = babelqueue_core::redrive::reset_text(&body, reset_attempts)?;
+        let body = serde_json::to_vec(std::str::from_utf8(&body).ok()?).ok()?;
+        babelqueue_core::runtime::set_json_member(&self.bytes, "body", &body)
     }
 }
 
@@ -175,5 +174,28 @@ mod tests {
     #[test]
     fn non_json_is_not_editable() {
         assert!(Element::parse(b"\xffgarbage").requeued(false).is_none());
+    }
+
+    #[test]
+    fn requeue_edits_the_text_and_keeps_every_other_byte() {
+        let dead = br#"{"job":"urn:x","data":{"big":92345678901234567890,"z":-0,"e":1.0E2,"d":1,"d":2}, "meta":{"id":"m1"},"attempts" : 3,"dead_letter":{"reason":"failed"}}"#;
+        assert_eq!(
+            std::str::from_utf8(&Element::parse(dead).requeued(false).unwrap()).unwrap(),
+            r#"{"job":"urn:x","data":{"big":92345678901234567890,"z":-0,"e":1.0E2,"d":1,"d":2}, "meta":{"id":"m1"},"attempts" : 0}"#
+        );
+        let body = std::str::from_utf8(dead).unwrap();
+        let frame = format!(
+            r#"{{"__bq_frame":1, "headers":{{"traceparent":"00-a-b-01"}},"body":{},"x":1.0E2}}"#,
+            serde_json::to_string(body).unwrap()
+        );
+        let out = Element::parse(frame.as_bytes()).requeued(true).unwrap();
+        let expect_body = r#"{"job":"urn:x","data":{"big":92345678901234567890,"z":-0,"e":1.0E2,"d":1,"d":2}, "meta":{"id":"m1"},"attempts" : 3}"#;
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            format!(
+                r#"{{"__bq_frame":1, "headers":{{"traceparent":"00-a-b-01"}},"body":{},"x":1.0E2}}"#,
+                serde_json::to_string(expect_body).unwrap()
+            )
+        );
     }
 }

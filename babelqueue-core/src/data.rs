@@ -73,6 +73,12 @@ impl Data {
         self.raw.is_some() && self.map.get().is_none()
     }
 
+    /// The text the object arrived in, while it is the payload's truth (decoded and not
+    /// changed since; reading the map keeps it).
+    pub(crate) fn raw_text(&self) -> Option<&str> {
+        self.raw.as_deref()
+    }
+
     /// The object as a map (parsed now if it was not yet).
     pub fn as_map(&self) -> &Map<String, Value> {
         self.map.get_or_init(|| parse(self.raw.as_deref()))
@@ -116,8 +122,12 @@ impl Data {
 fn parse(raw: Option<&str>) -> Map<String, Value> {
     // Cannot fail: the text was checked to be a JSON object, with the same parser and the
     // same limits, when the envelope was decoded.
-    raw.and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default()
+    // No key has a special meaning (serde_json's `Value` would read a nested object whose
+    // first key is its raw-value marker as raw text, and fail).
+    match raw.map(crate::plain_value::from_str) {
+        Some(Ok(Value::Object(map))) => map,
+        _ => Map::new(),
+    }
 }
 
 /// The deepest nesting `data`'s own text may have (the object itself is 1): the parser's
@@ -463,5 +473,13 @@ mod tests {
         assert!(check_scanned_object("{}"));
         assert!(!check_scanned_object("[]"));
         assert!(check_object("{\"a\":[{},[],{\"b\":\"\\u00e9\"}]}"));
+    }
+
+    #[test]
+    fn a_decoded_payload_with_any_key_reads_back() {
+        let text = r#"{"a":{"$serde_json::private::RawValue":"x"},"b":[{"$serde_json::private::RawValue":1}]}"#;
+        let data = decoded(text);
+        assert_eq!(data["a"]["$serde_json::private::RawValue"], "x");
+        assert_eq!(data["b"][0]["$serde_json::private::RawValue"], 1);
     }
 }

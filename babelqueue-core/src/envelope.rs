@@ -328,10 +328,24 @@ impl Envelope {
 
     /// Encodes to the canonical compact JSON (contract field order, UTF-8 and `/`
     /// unescaped, `data` key order preserved).
+    ///
+    /// A `data` that was decoded and not changed since (reading it does not count) is
+    /// written as the exact text it arrived in: numbers of any size and spelling
+    /// (`92345678901234567890`, `-0`, `1.0E2`), repeated keys, escapes and whitespace
+    /// inside it reach the next reader as the producer wrote them. A `data` built or
+    /// changed here is written canonically.
+    ///
+    /// ```
+    /// use babelqueue_core::Envelope;
+    /// let body = br#"{"job":"urn:x","trace_id":"t","data":{"big":92345678901234567890,"e":1.0E2},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":0}"#;
+    /// let env = Envelope::decode(body)?;
+    /// assert_eq!(env.encode(), body);
+    /// # Ok::<(), babelqueue_core::DecodeError>(())
+    /// ```
     pub fn encode(&self) -> Vec<u8> {
-        // Serializing plain strings, integers and a `Map<String, Value>` into a Vec cannot
-        // fail: there are no non-string keys, no NaN floats and no I/O.
-        serde_json::to_vec(self).unwrap_or_default()
+        // Serializing plain strings, integers, a `Map<String, Value>` and checked JSON text
+        // into a Vec cannot fail: there are no non-string keys, no NaN floats and no I/O.
+        serde_json::to_vec(&Wire::of(self)).unwrap_or_default()
     }
 
     /// Like [`encode`](Self::encode), as a `String`.
@@ -516,6 +530,52 @@ impl Envelope {
             dead_letter,
             extra: obj,
         })
+    }
+}
+
+/// What [`Envelope::encode`] writes: the envelope's fields in contract order, with `data`
+/// as the text it arrived in when it still is the payload.
+#[derive(Serialize)]
+struct Wire<'a> {
+    job: &'a str,
+    trace_id: &'a str,
+    data: WireData<'a>,
+    meta: &'a Meta,
+    attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dead_letter: Option<&'a DeadLetter>,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+impl<'a> Wire<'a> {
+    fn of(env: &'a Envelope) -> Self {
+        Wire {
+            job: &env.job,
+            trace_id: &env.trace_id,
+            data: WireData(&env.data),
+            meta: &env.meta,
+            attempts: env.attempts,
+            dead_letter: env.dead_letter.as_ref(),
+            extra: &env.extra,
+        }
+    }
+}
+
+/// `data` for [`Wire`]: its text verbatim (checked JSON, written as a raw value), else the
+/// map.
+struct WireData<'a>(&'a Data);
+
+impl Serialize for WireData<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self
+            .0
+            .raw_text()
+            .and_then(|t| serde_json::from_str::<&serde_json::value::RawValue>(t).ok())
+        {
+            Some(raw) => raw.serialize(serializer),
+            None => self.0.as_map().serialize(serializer),
+        }
     }
 }
 
@@ -896,5 +956,90 @@ mod tests {
         assert_eq!(Envelope::decode(body).unwrap().attempts, 0);
         let neg = br#"{"job":"urn:x","trace_id":"t","data":{},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":-1}"#;
         assert!(Envelope::decode(neg).is_err());
+    }
+
+    mod reencode {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// JSON number texts as other producers write them, in range of a parsed `Value`.
+        fn number() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<i64>().prop_map(|n| n.to_string()),
+                "-?[1-9][0-9]{19,40}",
+                Just("-0".to_owned()),
+                "-?(0|[1-9][0-9]{0,5})\\.[0-9]{1,6}",
+                "-?[1-9]\\.[0-9]{1,4}[eE][+-]?[0-9]{1,2}",
+                "-?[1-9][eE][0-9]{1,2}",
+            ]
+        }
+
+        fn ws() -> impl Strategy<Value = String> {
+            "[ \t\n\r]{0,2}"
+        }
+
+        fn value() -> impl Strategy<Value = String> {
+            let leaf = prop_oneof![
+                number(),
+                Just("true".to_owned()),
+                Just("null".to_owned()),
+                "[a-z\u{e9}\u{2615}/]{0,4}".prop_map(|s| format!("{s:?}")),
+                Just(r#""caf\u00e9 \/ \ud83d\ude00""#.to_owned()),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    (prop::collection::vec((ws(), inner.clone()), 0..4)).prop_map(|v| format!(
+                        "[{}]",
+                        v.into_iter()
+                            .map(|(w, x)| format!("{w}{x}"))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )),
+                    object(inner),
+                ]
+            })
+        }
+
+        fn object(inner: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+            prop::collection::vec(("[a-c]", ws(), inner, ws()), 0..5).prop_map(|v| {
+                format!(
+                    "{{{}}}",
+                    v.into_iter()
+                        .map(|(k, w1, x, w2)| format!("{w1}\"{k}\"{w1}:{w2}{x}{w2}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn decode_then_encode_keeps_the_data_text(data in object(value())) {
+                let body = format!(
+                    r#"{{"job":"urn:x","trace_id":"t","data":{data},"meta":{{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1}},"attempts":0}}"#
+                );
+                let env = Envelope::decode(body.as_bytes());
+                prop_assume!(env.is_ok());
+                let env = env.unwrap();
+                // Reading the map does not drop the text.
+                let _ = env.data.len();
+                prop_assert_eq!(String::from_utf8(env.encode()).unwrap(), body);
+            }
+        }
+
+        #[test]
+        fn the_issue_s_numbers_survive_and_a_change_is_canonical() {
+            let body = r#"{"job":"urn:x","trace_id":"t","data":{"amount":4200,"big":92345678901234567890,"z":-0,"e":1.0E2},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":0}"#;
+            let mut env = Envelope::decode(body.as_bytes()).unwrap();
+            assert_eq!(env.encode_string(), body);
+            env.data.insert("n".into(), 1.into());
+            assert!(
+                env.encode_string().contains(
+                    r#""data":{"amount":4200,"big":9.234567890123457e+19,"z":-0.0,"e":100.0,"n":1}"#
+                ),
+                "{}",
+                env.encode_string()
+            );
+        }
     }
 }

@@ -46,6 +46,7 @@ pub mod namespace;
 pub mod outbox;
 mod outcome;
 pub mod pipelined;
+mod plain_value;
 pub mod prelude;
 pub mod redrive;
 pub mod replay;

@@ -408,7 +408,7 @@ fn classify(dlq: &str, body: &[u8], options: &RedriveOptions) -> Classified {
         bypassed: false,
         status: ItemStatus::Undecodable,
     };
-    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
         return Classified::Keep(item);
     };
     item.message_id = str_at(&obj, &["meta", "id"]).to_owned();
@@ -446,12 +446,37 @@ fn classify(dlq: &str, body: &[u8], options: &RedriveOptions) -> Classified {
         item.status = ItemStatus::Planned;
         return Classified::Keep(item);
     }
-    obj.shift_remove("dead_letter");
-    obj.insert("attempts".to_owned(), Value::from(0));
-    // A map of parsed JSON values always serializes.
-    let reset = serde_json::to_vec(&Value::Object(obj)).unwrap_or_default();
+    let Some(reset) = reset_text(body, true) else {
+        item.status = ItemStatus::Undecodable;
+        item.to = None;
+        return Classified::Keep(item);
+    };
     item.status = ItemStatus::Redriven;
     Classified::Ready(item, reset)
+}
+
+/// A dead letter's body reset for reprocessing, by editing its text: every top-level
+/// `dead_letter` member taken out and, with `reset_attempts`, `attempts` set to `0`;
+/// every other byte (numbers of any size and spelling, key order, repeated keys,
+/// whitespace, escapes) stays as it was. `None` unless `body` is a JSON object.
+///
+/// ```
+/// use babelqueue_core::redrive::reset_text;
+/// let dead = br#"{"job":"urn:x","data":{"big":92345678901234567890,"e":1.0E2},"attempts":3,"dead_letter":{"reason":"failed"}}"#;
+/// assert_eq!(
+///     reset_text(dead, true).unwrap(),
+///     br#"{"job":"urn:x","data":{"big":92345678901234567890,"e":1.0E2},"attempts":0}"#
+/// );
+/// assert_eq!(reset_text(b"not json", true), None);
+/// ```
+pub fn reset_text(body: &[u8], reset_attempts: bool) -> Option<Vec<u8>> {
+    use crate::runtime::json_text;
+    let body = json_text::remove_member(body, "dead_letter")?;
+    if reset_attempts {
+        json_text::set_member(&body, "attempts", b"0")
+    } else {
+        Some(body)
+    }
 }
 
 /// The headers of the re-published message: the dead letter's own (trace context), minus
@@ -683,7 +708,7 @@ mod tests {
         assert_eq!(item.to.as_deref(), Some("orig"));
         assert_eq!(
             String::from_utf8(body).unwrap(),
-            r#"{"job":"urn:x","trace_id":"t","data":{"a":1.5},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":0,"extra":[1]}"#
+            r#"{"job":"urn:x","trace_id":"t","data":{"a":1.50},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1},"attempts":0,"extra":[1]}"#
         );
     }
 
@@ -723,6 +748,19 @@ mod tests {
         assert_eq!(
             status(&dead("3", "failed"), &o.clone().dry_run(true)),
             ItemStatus::Planned
+        );
+    }
+
+    #[test]
+    fn reset_edits_the_text_and_keeps_every_other_byte() {
+        let dead = br#"{"job":"urn:x", "trace_id":"t","data":{"amount":4200,"big":92345678901234567890,"z":-0,"e":1.0E2,"d":1,"d":2,"s":"caf\u00e9\/"},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1} ,"attempts" : 3,"extra":[1.10],"dead_letter":{"reason":"failed","error":null,"exception":null,"failed_at":1,"original_queue":"orig","attempts":3,"lang":"go"}}"#;
+        let Classified::Ready(item, body) = classify("q.dlq", dead, &RedriveOptions::new()) else {
+            panic!("redrivable")
+        };
+        assert_eq!(item.to.as_deref(), Some("orig"));
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"job":"urn:x", "trace_id":"t","data":{"amount":4200,"big":92345678901234567890,"z":-0,"e":1.0E2,"d":1,"d":2,"s":"caf\u00e9\/"},"meta":{"id":"m","queue":"q","lang":"go","schema_version":1,"created_at":1} ,"attempts" : 0,"extra":[1.10]}"#
         );
     }
 }

@@ -40,6 +40,7 @@ mod redis_payments;
 mod redis_pipelining;
 mod redis_transport;
 mod redrive_amqp;
+mod redrive_bytes;
 mod redrive_python;
 mod redrive_redis;
 mod retention_stores;

@@ -30,6 +30,9 @@ pub enum PublishError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// The queue name was refused by the builder ([`App::queue`]); nothing was published.
+    #[error(transparent)]
+    Queue(#[from] EmptyQueueName),
     // Payload schemas (`crate::schema`): the one variant of this file they add.
     /// The payload breaks the schema registered for its URN, or that schema could not be
     /// loaded (see [`App::schemas`]); nothing was published.
@@ -37,6 +40,14 @@ pub enum PublishError {
     #[error(transparent)]
     Schema(#[from] crate::schema::SchemaError),
 }
+
+/// The builder was given an empty queue name ([`App::queue`]`("")`). Every key of a queue
+/// is built from its name (on Redis `{<queue>}:…`, in the queue's hash slot), so a queue
+/// needs one: the app refuses to publish or consume until it has one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the queue name is empty: give `App::queue` a non-empty name")]
+#[non_exhaustive]
+pub struct EmptyQueueName;
 
 /// A consumer over a [`Transport`]: reserves messages from one queue and, per message,
 /// decodes → routes by URN → runs the handler → settles it, whatever failed.
@@ -186,6 +197,17 @@ impl App {
     }
 
     /// The queue to consume (and [`publish`](Self::publish) to). Default `default`.
+    ///
+    /// An empty name is refused: [`check_config`](Self::check_config) reports it, and
+    /// publishing, [`drain`](Self::drain) and [`run_until`](Self::run_until) return (or
+    /// log) [`EmptyQueueName`] without touching the broker.
+    ///
+    /// ```
+    /// use babelqueue_core::runtime::{App, EmptyQueueName, InMemoryTransport};
+    /// let app = App::new(InMemoryTransport::new()).queue("");
+    /// let err: EmptyQueueName = app.check_config().unwrap_err();
+    /// assert!(err.to_string().contains("queue name is empty"));
+    /// ```
     #[must_use]
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.config.queue = queue.into();
@@ -573,6 +595,7 @@ impl App {
         urn: &str,
         payload: &T,
     ) -> Result<Envelope, PublishError> {
+        self.check_config()?;
         let mut env = Envelope::from_payload(urn, payload)?.with_queue(self.config.queue.clone());
         // Refuse data that breaks its URN's schema (`App::schemas`).
         #[cfg(feature = "schema")]
@@ -589,6 +612,7 @@ impl App {
     /// Publishes an envelope as is to this queue (in a PRODUCER span, like
     /// [`publish`](Self::publish); its `trace_id` is never changed).
     pub async fn publish_envelope(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.check_config().map_err(TransportError::backend)?;
         // Tracing: `fresh = false`: sent as is.
         observe::publish_envelope(&*self.transport, &self.config.queue, envelope, false)
             .await
@@ -600,6 +624,7 @@ impl App {
     /// span: see [`publish_traced`](super::publish_traced) for what the `opentelemetry`
     /// feature adds beside the bytes.
     pub async fn publish_raw(&self, element: impl Into<Vec<u8>>) -> Result<(), TransportError> {
+        self.check_config().map_err(TransportError::backend)?;
         // Tracing: the PRODUCER span and its `traceparent` header.
         observe::publish_traced(&*self.transport, &self.config.queue, element.into()).await
     }
@@ -608,6 +633,7 @@ impl App {
     /// to the queue; see [`Transport::requeue_processing`]. Call it at startup, before
     /// any worker of this queue is running.
     pub async fn requeue_processing(&self) -> Result<usize, TransportError> {
+        self.check_config().map_err(TransportError::backend)?;
         self.transport.requeue_processing(&self.config.queue).await
     }
 
@@ -628,6 +654,12 @@ impl App {
     /// ([`check_state`](Self::check_state)); if not, it returns at once, with nothing
     /// reserved ([`DrainError::missing_state`] says what is missing).
     pub async fn drain(&self) -> Result<Stats, DrainError> {
+        if let Err(e) = self.check_config() {
+            return Err(DrainError {
+                error: TransportError::backend(e),
+                stats: Stats::default(),
+            });
+        }
         if let Err(missing) = self.check_state() {
             return Err(DrainError {
                 error: TransportError::backend(missing),
@@ -635,6 +667,14 @@ impl App {
             });
         }
         consume(self.ctx(), Mode::Drain, std::future::pending()).await
+    }
+
+    /// Checks the builder's settings: the queue name is not empty ([`queue`](Self::queue)).
+    pub fn check_config(&self) -> Result<(), EmptyQueueName> {
+        if self.config.queue.is_empty() {
+            return Err(EmptyQueueName);
+        }
+        Ok(())
     }
 
     /// Checks that the router holds the shared state every handler needs (each
@@ -678,6 +718,10 @@ impl App {
     where
         S: Future<Output = ()> + Send,
     {
+        if let Err(e) = self.check_config() {
+            tracing::error!(error = %e, "consumer not started");
+            return Stats::default();
+        }
         if let Err(missing) = self.check_state() {
             tracing::error!(error = %missing, queue = %self.config.queue, "consumer not started");
             return Stats::default();
@@ -716,5 +760,44 @@ async fn shutdown_signal() {
     if let Err(e) = tokio::signal::ctrl_c().await {
         tracing::warn!(error = %e, "cannot listen for Ctrl-C; run until the process is killed");
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::InMemoryTransport;
+
+    #[tokio::test]
+    async fn an_empty_queue_name_is_refused_before_the_broker_is_touched() {
+        let t = InMemoryTransport::new();
+        let app = App::new(t.clone())
+            .queue("")
+            .route_sync("urn:x", |_: &Envelope| ());
+        assert_eq!(app.check_config(), Err(EmptyQueueName));
+        let err = app
+            .publish("urn:x", &serde_json::json!({}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PublishError::Queue(EmptyQueueName)), "{err}");
+        assert!(err.to_string().contains("queue name is empty"), "{err}");
+        let env = Envelope::new("urn:x", serde_json::json!({})).unwrap();
+        assert!(app.publish_envelope(&env).await.is_err());
+        assert!(app.publish_raw(env.encode()).await.is_err());
+        assert!(app.requeue_processing().await.is_err());
+        let drained = app.drain().await.unwrap_err();
+        let mut chain = String::new();
+        let mut e: Option<&dyn std::error::Error> = Some(&drained);
+        while let Some(x) = e {
+            chain.push_str(&x.to_string());
+            e = x.source();
+        }
+        assert!(chain.contains("queue name is empty"), "{chain}");
+        assert_eq!(app.run_until(async {}).await, Stats::default());
+        assert_eq!(
+            t.reserve("", Duration::ZERO).await.unwrap().map(|_| ()),
+            None
+        );
+        assert_eq!(App::new(t).queue("q").check_config(), Ok(()));
     }
 }

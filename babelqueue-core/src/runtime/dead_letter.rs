@@ -270,11 +270,31 @@ pub fn recover_poison(dead_lettered: &[u8]) -> Option<Vec<u8>> {
             _ => None,
         };
     }
-    let reason = obj.get("dead_letter")?.get("reason")?.as_str()?;
-    if reason != "poison" {
+    let block = obj.get("dead_letter")?;
+    if block.get("reason")?.as_str()? != "poison" {
         return None;
     }
+    // This SDK has never written the family's `raw` record, so a record of its own with a
+    // `raw` member is a spliced object that had one.
+    if block.get("lang").and_then(Value::as_str) != Some(LANG)
+        && let Some(raw) = family_raw(&obj)
+    {
+        return Some(raw);
+    }
     json_text::strip_last(dead_lettered, "dead_letter")
+}
+
+/// The bytes of the family's poison record (ADR-0035, written by the other SDKs):
+/// `{"raw": <the body as text>, "dead_letter": …}`, or with `"raw_encoding": "base64"` and
+/// the standard base64 of the exact bytes. `None` for any other object. A spliced object
+/// whose only member was a string `raw` reads the same: the record cannot tell them apart.
+fn family_raw(obj: &Map<String, Value>) -> Option<Vec<u8>> {
+    let raw = obj.get("raw")?.as_str()?;
+    match (obj.len(), obj.get("raw_encoding")) {
+        (2, None) => Some(raw.as_bytes().to_vec()),
+        (3, Some(Value::String(e))) if e == "base64" => unbase64(raw),
+        _ => None,
+    }
 }
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -485,5 +505,55 @@ mod tests {
                 String::from_utf8_lossy(&dlq)
             );
         }
+    }
+
+    #[test]
+    fn the_family_s_poison_records_are_recovered() {
+        let block = r#"{"reason":"poison","error":"e","exception":null,"failed_at":1,"original_queue":"q","attempts":0,"lang":"python"}"#;
+        // Each record as the Python SDK 1.24.0's `build_poison_record` writes it.
+        for (body, record) in [
+            (
+                &b"not json at all"[..],
+                format!(r#"{{"raw":"not json at all","dead_letter":{block}}}"#),
+            ),
+            (
+                b"[1,2]",
+                format!(r#"{{"raw":"[1,2]","dead_letter":{block}}}"#),
+            ),
+            (
+                b"\xff\x00 bin",
+                format!(r#"{{"raw":"/wAgYmlu","raw_encoding":"base64","dead_letter":{block}}}"#),
+            ),
+            (
+                br#"{"a":1,"dead_letter":{"x":1}}"#,
+                format!(
+                    r#"{{"raw":"{{\"a\":1,\"dead_letter\":{{\"x\":1}}}}","dead_letter":{block}}}"#
+                ),
+            ),
+            (
+                br#"{"a":1 ,"n":92345678901234567890 }"#,
+                format!(r#"{{"a":1 ,"n":92345678901234567890 ,"dead_letter":{block}}}"#),
+            ),
+            (
+                "\"caf\u{e9}\"".as_bytes(),
+                format!("{{\"raw\":\"\\\"caf\u{e9}\\\"\",\"dead_letter\":{block}}}"),
+            ),
+        ] {
+            assert_eq!(
+                recover_poison(record.as_bytes()).as_deref(),
+                Some(body),
+                "{record}"
+            );
+        }
+        // Not a record: another reason, or a `raw` beside other members.
+        let other = r#"{"raw":"x","dead_letter":{"reason":"failed","lang":"python"}}"#;
+        assert_eq!(recover_poison(other.as_bytes()), None);
+        // This SDK's splice of an object whose only member is `raw` stays that object.
+        let body = br#"{"raw":"x"}"#;
+        let err = Envelope::decode(body).unwrap_err();
+        assert_eq!(
+            recover_poison(&poison_body(body, &err, "q")).as_deref(),
+            Some(&body[..])
+        );
     }
 }

@@ -63,7 +63,7 @@ pub(crate) fn members(text: &[u8]) -> Option<(Vec<Member>, usize)> {
 /// `text` with the top-level member `key` set to `value` (JSON text): the value of its
 /// last occurrence replaced (the one every reader takes), or the member appended after the
 /// last one. `None` unless `text` is a JSON object.
-pub(crate) fn set_member(text: &[u8], key: &str, value: &[u8]) -> Option<Vec<u8>> {
+pub fn set_member(text: &[u8], key: &str, value: &[u8]) -> Option<Vec<u8>> {
     let (members, open) = members(text)?;
     if let Some(m) = members.iter().rev().find(|m| m.key == key) {
         let mut out = Vec::with_capacity(text.len() + value.len());
@@ -101,8 +101,32 @@ pub(crate) fn append(text: &[u8], key: &str, value: &[u8]) -> Option<Vec<u8>> {
     Some(append_member(text, &members, open, key, value))
 }
 
+/// `text` without any top-level member named `key` (every occurrence), each taken out
+/// with the separator that joined it to the member before it (or, for the first member,
+/// to the one after it); every other byte stays. `text` itself when it has no such
+/// member; `None` unless `text` is a JSON object.
+pub(crate) fn remove_member(text: &[u8], key: &str) -> Option<Vec<u8>> {
+    let mut out = text.to_vec();
+    loop {
+        let (members, _) = members(&out)?;
+        let Some(i) = members.iter().position(|m| m.key == key) else {
+            return Some(out);
+        };
+        let m = &members[i];
+        let (from, to) = match (i, members.get(i + 1)) {
+            (0, Some(next)) => (m.key_start, next.key_start),
+            (0, None) => (m.key_start, m.value_end),
+            (_, _) => (members[i - 1].value_end, m.value_end),
+        };
+        out.drain(from..to);
+    }
+}
+
 /// The inverse of [`append`]: `text` without its last member when that member is `key`
-/// (the exact bytes it had before the append). `None` otherwise.
+/// (the exact bytes it had before the append). The separator before it must be a comma,
+/// optionally after whitespace (where the family's splice, which appends before the
+/// closing brace, leaves the whitespace that stood there); the comma goes, the whitespace
+/// stays. `None` otherwise.
 pub(crate) fn strip_last(text: &[u8], key: &str) -> Option<Vec<u8>> {
     let (members, open) = members(text)?;
     let last = members.last()?;
@@ -114,11 +138,15 @@ pub(crate) fn strip_last(text: &[u8], key: &str) -> Option<Vec<u8>> {
         n => members[n - 2].value_end,
     };
     let separator = &text[from..last.key_start];
-    // What `append` writes between the previous value and the key: a comma, nothing else.
-    let expected: &[u8] = if members.len() == 1 { b"" } else { b"," };
-    if separator != expected {
-        return None;
-    }
+    // What `append` writes between the previous value and the key: a comma, nothing else
+    // (the family's splice: whitespace, then the comma).
+    let from = match separator.split_last() {
+        None if members.len() == 1 => from,
+        Some((b',', ws)) if members.len() > 1 && ws.iter().all(u8::is_ascii_whitespace) => {
+            last.key_start - 1
+        }
+        _ => return None,
+    };
     let mut out = Vec::with_capacity(text.len());
     out.extend_from_slice(&text[..from]);
     out.extend_from_slice(&text[last.value_end..]);
@@ -283,5 +311,38 @@ mod tests {
         assert!(strip_last(br#"{"a":1, "dead_letter":{}}"#, "dead_letter").is_none());
         assert!(strip_last(br#"{"dead_letter":{},"a":1}"#, "dead_letter").is_none());
         assert!(strip_last(br#"{ "dead_letter":{}}"#, "dead_letter").is_none());
+    }
+
+    #[test]
+    fn remove_member_takes_out_every_occurrence_and_nothing_else() {
+        for (body, expect) in [
+            (&br#"{"a":1,"dead_letter":{"x":1}}"#[..], &br#"{"a":1}"#[..]),
+            (br#"{"dead_letter":1,"a":1.0E2}"#, br#"{"a":1.0E2}"#),
+            (br#"{ "dead_letter" : 1 , "a" : -0 }"#, br#"{ "a" : -0 }"#),
+            (br#"{"dead_letter":1}"#, b"{}"),
+            (br#"{ "dead_letter":[1] }"#, b"{  }"),
+            (
+                br#"{"a":1,"dead_letter":1,"b":{"dead_letter":2},"dead_letter":3}"#,
+                br#"{"a":1,"b":{"dead_letter":2}}"#,
+            ),
+            (br#"{"a":1}"#, br#"{"a":1}"#),
+            (br#"{"dead\u005fletter":1,"a":2}"#, br#"{"a":2}"#),
+        ] {
+            assert_eq!(s(&remove_member(body, "dead_letter").unwrap()), s(expect));
+        }
+        assert!(remove_member(b"[1]", "a").is_none());
+    }
+
+    #[test]
+    fn remove_member_undoes_append() {
+        for body in [
+            &br#"{"a":1}"#[..],
+            br#"  {"a" : [1, 2] ,"b":"}"}  "#,
+            b"{}",
+            b"{ \n }",
+        ] {
+            let with = append(body, "dead_letter", b"{}").unwrap();
+            assert_eq!(remove_member(&with, "dead_letter").unwrap(), body);
+        }
     }
 }

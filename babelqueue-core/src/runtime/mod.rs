@@ -48,7 +48,7 @@ mod dead_letter;
 mod depth;
 mod errors;
 mod execute;
-mod json_text;
+pub(crate) mod json_text;
 pub mod maintain;
 mod memory;
 pub mod metrics;
@@ -62,11 +62,13 @@ mod settle;
 mod transport;
 mod worker;
 
-pub use app::{App, DrainError, PublishError, UnknownUrnStrategy};
+pub use app::{App, DrainError, EmptyQueueName, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
 pub use depth::{HeldElsewhere, QueueDepth};
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
+#[doc(hidden)]
+pub use json_text::set_member as set_json_member;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};
 pub use memory::InMemoryTransport;
 pub use observe::publish_traced;

@@ -371,7 +371,8 @@ pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     if !may_be_frame(element) {
         return None;
     }
-    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(element) else {
+    // No key has a special meaning: headers may hold any string key.
+    let Ok(Value::Object(mut obj)) = crate::plain_value::from_slice(element) else {
         return None;
     };
     if !is_frame_object(&obj) {
@@ -1086,5 +1087,28 @@ mod tests {
             encode_element(b"\xff", Some(&h)),
             Err(TransportError::BodyNotUtf8)
         ));
+    }
+
+    #[test]
+    fn frame_headers_survive_any_string_key() {
+        for key in [
+            "$serde_json::private::RawValue",
+            "$serde_json::private::Number",
+            "__bq_frame",
+            "body",
+            "",
+            "\u{0}",
+        ] {
+            let mut h = Headers::new();
+            h.insert(key.to_owned(), "x".into());
+            let mut nested = Map::new();
+            nested.insert(key.to_owned(), Value::from(1));
+            h.insert("n".to_owned(), Value::Object(nested));
+            let body = br#"{"job":"urn:x"}"#;
+            let element = encode_element(body, Some(&h)).unwrap();
+            let (back, b) = unframe(&element).expect("a frame reads back");
+            assert_eq!(back, h, "{key:?}");
+            assert_eq!(b, body);
+        }
     }
 }
