@@ -74,7 +74,10 @@ babelqueue::store_suite! {
 #[test]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
 fn lease_across_two_processes() {
-    babelqueue::testing::lease_across_processes(Postgres, "lease_across_two_processes");
+    babelqueue::testing::lease_across_processes(
+        Postgres,
+        "store_postgres::lease_across_two_processes",
+    );
 }
 
 /// A fresh table name, dropped when the guard goes (on success and failure).
@@ -581,7 +584,7 @@ async fn a_locked_table_answers_within_the_statement_timeout() -> Result<(), Pos
 fn renewed_lease_across_two_processes() {
     babelqueue::testing::renewed_lease_across_processes(
         Postgres,
-        "renewed_lease_across_two_processes",
+        "store_postgres::renewed_lease_across_two_processes",
     );
 }
 

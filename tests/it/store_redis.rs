@@ -91,7 +91,7 @@ babelqueue::store_suite! {
 #[test]
 #[ignore = "needs Redis at 127.0.0.1:6379 (BABELQUEUE_REDIS_URL); CI runs it with --include-ignored"]
 fn lease_across_two_processes() {
-    babelqueue::testing::lease_across_processes(Redis, "lease_across_two_processes");
+    babelqueue::testing::lease_across_processes(Redis, "store_redis::lease_across_two_processes");
 }
 
 fn unique_id() -> String {
@@ -385,7 +385,7 @@ async fn an_unreachable_server_is_an_error() {
 fn renewed_lease_across_two_processes() {
     babelqueue::testing::renewed_lease_across_processes(
         Redis,
-        "renewed_lease_across_two_processes",
+        "store_redis::renewed_lease_across_two_processes",
     );
 }
 
