@@ -107,7 +107,19 @@ impl Data {
     /// parsed yet (no map is built), else from the map in place. Either way the answer is
     /// the map's: a text that `T` refuses (a repeated key, say, where the map keeps the
     /// last) is read again from the map, whose answer or error is returned.
-    pub(crate) fn deserialize_into<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+    ///
+    /// ```
+    /// #[derive(serde::Deserialize)]
+    /// struct Payment { amount: u64 }
+    ///
+    /// let env = babelqueue_core::Envelope::decode(
+    ///     br#"{"job":"urn:babel:payments:charge","trace_id":"t","data":{"amount":4200},"meta":{"id":"a","queue":"q","schema_version":"1.0","lang":"go","created_at":1},"attempts":0}"#,
+    /// )?;
+    /// let p: Payment = env.data.deserialize_into()?;
+    /// assert_eq!(p.amount, 4200);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn deserialize_into<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         if let (Some(raw), None) = (self.raw.as_deref(), self.map.get())
             && let Ok(value) = serde_json::from_str(raw)
         {

@@ -261,7 +261,6 @@ fn turn_blocking_always(key: &str) -> KeyTurn {
 
 /// Where the guard of the current call is, as told to [`GuardHooks::enter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Phase {
     /// Not in a store call (the phase after every other one ends).
     Idle,

@@ -12,7 +12,7 @@ use super::report::{Disposition, Report};
 use super::settle::{Action, Happened, PutBack, UnknownUrnStrategy, decide};
 use super::transport::{Delivery, Headers, Republish, TransportError};
 use babelqueue_core::envelope::{DeadLetterReason, Envelope};
-use babelqueue_core::hooks::Deferred;
+use crate::probe::Deferred;
 
 /// The outcome of a delivery before settling.
 pub(crate) struct Verdict {

@@ -14,7 +14,7 @@ use super::config::{Config, Observer};
 use super::settle::Policy;
 use super::transport::{Delivery, Transport, TransportError};
 use crate::handler::Router;
-use babelqueue_core::hooks::Deferred;
+use crate::probe::Deferred;
 
 /// The frame header carrying how many times a message was released (unknown URN under
 /// [`UnknownUrnStrategy::Release`](super::UnknownUrnStrategy::Release)).
@@ -132,7 +132,7 @@ pub(crate) struct Ctx {
     pub readiness: Arc<ReadinessState>,
     /// What a guard's owed write tells (see [`store_down_hook`](Self::store_down_hook)),
     /// built once: every delivery's probe gets a clone.
-    store_down: babelqueue_core::hooks::StoreDownHook,
+    store_down: crate::probe::StoreDownHook,
 }
 
 impl Ctx {
@@ -162,7 +162,7 @@ impl Ctx {
                 config.store_backoff_min,
                 config.store_backoff_max,
             );
-            babelqueue_core::hooks::StoreDownHook(Arc::new(move |down| {
+            crate::probe::StoreDownHook(Arc::new(move |down| {
                 if down {
                     health.failed(min, max);
                 } else {
@@ -190,7 +190,7 @@ impl Ctx {
 
     /// What a guard's owed write tells when it fails (`true`: the store is down, reserving
     /// pauses for the store backoff, not ready) and when it lands after failing.
-    pub(crate) fn store_down_hook(&self) -> babelqueue_core::hooks::StoreDownHook {
+    pub(crate) fn store_down_hook(&self) -> crate::probe::StoreDownHook {
         self.store_down.clone()
     }
 

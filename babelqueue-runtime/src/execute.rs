@@ -24,7 +24,8 @@ use super::transport::{Delivery, Transport};
 use babelqueue_core::envelope::{DeadLetterReason, Envelope};
 use babelqueue_core::guard::Outcome;
 use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, UnknownUrn};
-use babelqueue_core::hooks::{self, Deferred, OwedRetry, Phase, StoreProbe};
+use crate::probe::{Deferred, StoreProbe};
+use babelqueue_core::hooks::{self, OwedRetry, Phase};
 use babelqueue_core::lease::InFlight;
 
 /// A handler's future with panics turned into a failure.
@@ -90,7 +91,7 @@ async fn run_handler(
     // The delivery's `bq-replay-bypass` header, visible to the handler as `is_replay()`.
     let fut = crate::replay::scope(
         replay,
-        inflight::with_probe(Arc::clone(probe), call(handler, env)),
+        hooks::scope(Arc::clone(probe) as Arc<dyn hooks::GuardHooks>, call(handler, env)),
     );
     tokio::pin!(fut);
     loop {
@@ -287,7 +288,7 @@ pub(crate) async fn process(ctx: &Ctx, delivery: Delivery, defer_ack: bool) -> P
     let replay = crate::replay::headers_are_replay(delivery.headers());
     let called = run_handler(ctx, handler.as_ref(), envelope, &probe, replay).await;
     let duration = started.elapsed();
-    inflight::take_sync_marks(&id, &probe);
+    hooks::take_sync_marks(&id, &*probe);
     let verdict = classify(called, &probe);
     let deferred = probe.take_deferred();
     let (mut report, pending) = apply::settle(

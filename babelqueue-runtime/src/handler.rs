@@ -14,7 +14,7 @@ use babelqueue_core::envelope::Envelope;
 use crate::extract::{MissingState, StateMap};
 use babelqueue_core::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
-pub use babelqueue_core::outcome::{BoxError, BoxFuture};
+pub use babelqueue_core::{BoxError, BoxFuture};
 
 /// A handler failed: its error, and the name of the error's type (written to
 /// `dead_letter.exception`).
@@ -193,11 +193,11 @@ where
             // delivery is carried into the closure.
             let replay = crate::replay::is_replay();
             // The delivery's probe too, for a guard's owed write (retried until it lands).
-            let probe = babelqueue_core::hooks::current_probe();
+            let probe = babelqueue_core::hooks::current();
             let task = handle.spawn_blocking(move || {
                 tracing::dispatcher::with_default(&dispatch, || {
                     let _entered = span.enter();
-                    babelqueue_core::hooks::sync_probe_scope(probe, || {
+                    babelqueue_core::hooks::sync_scope(probe, || {
                         let (r, o) = crate::replay::sync_scope(replay, || capture_outcome_sync(f));
                         into_output(r, o)
                     })

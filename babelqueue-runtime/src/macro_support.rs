@@ -7,6 +7,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 
 use babelqueue_core::Envelope;
+use babelqueue_core::guard::HandlerResult;
 
 use crate::extract::{FromEnvelope, MissingState, StateMap};
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};

@@ -181,3 +181,99 @@ mod tests {
         assert_eq!(encode_element(&body, Some(&empty)).unwrap(), body);
     }
 }
+
+#[cfg(test)]
+mod frame_tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_keeps_body_bytes() {
+        let body = "{\"job\":\"urn:x\",\"data\":{\"t\":\"Café \\\"q\\\" \\n ☕\"}}";
+        let mut h = Headers::new();
+        h.insert("traceparent".into(), "00-abc-01".into());
+        let element = encode_element(body.as_bytes(), Some(&h)).unwrap();
+        let (headers, got) = unframe(&element).unwrap();
+        assert_eq!(headers, h);
+        assert_eq!(got, body.as_bytes());
+    }
+
+    #[test]
+    fn empty_headers_write_no_frame() {
+        let h = Headers::new();
+        assert_eq!(encode_element(b"{}", Some(&h)).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn non_frames_are_not_unwrapped() {
+        for bytes in [
+            &b""[..],
+            b"not json",
+            b"[1]",
+            b"{\"job\":\"x\",\"data\":{\"s\":\"\\\"__bq_frame\\\"\"}}",
+            b"{\"__bq_frame\":0,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":false,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":\"\",\"body\":\"{}\"}",
+            b"{\"__bq_frame\":null,\"body\":\"{}\"}",
+            b" {\"__bq_frame\":1,\"body\":\"{}\"}",
+            b"{\"__bq_frame\":1,\"body\":{}}",
+            b"{\"__bq_frame\":1}",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                unframe(bytes).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn frame_without_headers_is_accepted() {
+        let (h, body) = unframe(br#"{"body":"{}","__bq_frame":1}"#).unwrap();
+        assert!(h.is_empty());
+        assert_eq!(body, b"{}");
+    }
+
+    #[test]
+    fn any_truthy_marker_makes_a_frame_as_in_the_python_sdk() {
+        for marker in ["1", "2", "true", "\"1\"", "[0]", "{\"a\":0}", "0.5"] {
+            let element = format!(r#"{{"__bq_frame":{marker},"headers":[1],"body":"{{}}"}}"#);
+            let (h, body) = unframe(element.as_bytes()).expect(&element);
+            assert!(h.is_empty(), "headers that are not an object read as none");
+            assert_eq!(body, b"{}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_body_cannot_be_framed() {
+        let mut h = Headers::new();
+        h.insert("a".into(), "b".into());
+        assert!(matches!(
+            encode_element(b"\xff", Some(&h)),
+            Err(FrameError::BodyNotUtf8)
+        ));
+    }
+
+    #[test]
+    fn frame_headers_survive_any_string_key() {
+        for key in [
+            "$serde_json::private::RawValue",
+            "$serde_json::private::Number",
+            "__bq_frame",
+            "body",
+            "",
+            "\u{0}",
+        ] {
+            let mut h = Headers::new();
+            h.insert(key.to_owned(), "x".into());
+            let mut nested = Map::new();
+            nested.insert(key.to_owned(), Value::from(1));
+            h.insert("n".to_owned(), Value::Object(nested));
+            let body = br#"{"job":"urn:x"}"#;
+            let element = encode_element(body, Some(&h)).unwrap();
+            let (back, b) = unframe(&element).expect("a frame reads back");
+            assert_eq!(back, h, "{key:?}");
+            assert_eq!(b, body);
+        }
+    }
+}
