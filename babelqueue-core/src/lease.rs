@@ -159,7 +159,7 @@ pub struct InFlight {
 /// While a claim is held (not yet completed or released, lease not ended), `seen`
 /// reports the id as seen, which is how the shared Redis and PostgreSQL layouts show it to
 /// every SDK's seen-set consumer; `forget` drops a held claim (its holder can then no
-/// longer complete it). `babelqueue_core::testing` (feature `testing`) checks all of this.
+/// longer complete it). `babelqueue-testing` (the store test suite) checks all of this.
 pub trait LeaseStore: Store {
     /// Atomically: completed → [`Claim::Completed`]; held under an unexpired lease →
     /// [`Claim::InFlight`]; otherwise claim it for `lease` → [`Claim::Acquired`].

@@ -14,7 +14,7 @@
 //!   happened ([`Deliveries`]: effects, runs, skips, in-flight answers, errors).
 //!
 //! ```
-//! use babelqueue_core::testing::faults::{FaultyStore, Redelivery, StoreCall};
+//! use babelqueue_testing::faults::{FaultyStore, Redelivery, StoreCall};
 //! use babelqueue_core::{BoxError, Envelope, InMemoryStore};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -227,7 +227,7 @@ impl<E, H: From<FaultError<E>>> IntoHandlerError<H> for FaultError<E> {
 /// [`AsyncLeaseStore`] the wrapped store implements; its error is [`FaultError`].
 ///
 /// ```
-/// use babelqueue_core::testing::faults::{FaultyStore, StoreCall};
+/// use babelqueue_testing::faults::{FaultyStore, StoreCall};
 /// use babelqueue_core::store_error::find_unavailable;
 /// use babelqueue_core::{InMemoryStore, Store};
 ///

@@ -1,11 +1,11 @@
-//! One test suite for every idempotency store (cargo feature `testing`).
+//! One test suite for every idempotency store (the facade's feature `testing`).
 //!
 //! The same cases run against the in-memory, SQLite, Redis and PostgreSQL stores of this
 //! project, and against yours: implement [`StoreFactory`] (how to make a store for a
 //! fresh, isolated namespace) and generate the tests with [`store_suite!`](crate::store_suite).
 //!
 //! ```
-//! use babelqueue_core::testing::{StoreFactory, StoreSpec};
+//! use babelqueue_testing::{StoreFactory, StoreSpec};
 //! use babelqueue_core::InMemoryStore;
 //!
 //! struct Memory;
@@ -20,7 +20,7 @@
 //! }
 //!
 //! // In tests/it/store_memory.rs:
-//! babelqueue_core::store_suite! {
+//! babelqueue_testing::store_suite! {
 //!     mod memory_suite = Memory;
 //!     kinds = [async_store, async_lease, sync_store, sync_lease];
 //! }
@@ -1857,7 +1857,7 @@ fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> std::p
 /// Generates the store suite as a module of `#[test]`s.
 ///
 /// ```text
-/// babelqueue_core::store_suite! {
+/// babelqueue_testing::store_suite! {
 ///     #[ignore = "needs Redis"]          // optional attributes, put on every test
 ///     mod redis_suite = RedisFactory;    // module name = a StoreFactory value
 ///     kinds = [async_store, async_lease]; // any of async_store, async_lease,
@@ -1887,7 +1887,7 @@ macro_rules! store_suite {
     (@expand $attrs:tt ($factory:expr)) => {};
     (@async_store $attrs:tt ($factory:expr)) => {
         $crate::store_suite!(@seq $attrs conformance_sequences
-            $crate::testing::async_cases::conformance_sequences, ($factory));
+            $crate::async_cases::conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs async_cases {
             seen_remember_forget, remember_for_ttl_expires, default_ttl_expires,
             namespaces_are_isolated, awkward_ids, unstorable_ids_are_refused,
@@ -1896,7 +1896,7 @@ macro_rules! store_suite {
     };
     (@async_lease $attrs:tt ($factory:expr)) => {
         $crate::store_suite!(@seq $attrs lease_conformance_sequences
-            $crate::testing::async_lease_cases::lease_conformance_sequences, ($factory));
+            $crate::async_lease_cases::lease_conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs async_lease_cases {
             lease_one_effect_across_16_tasks, lease_failed_holder_lets_next_run,
             lease_expired_lets_new_claim_win, lease_stranger_token_cannot_finish,
@@ -1909,14 +1909,14 @@ macro_rules! store_suite {
     };
     (@sync_store $attrs:tt ($factory:expr)) => {
         $crate::store_suite!(@seq $attrs sync_conformance_sequences
-            $crate::testing::sync_cases::sync_conformance_sequences, ($factory));
+            $crate::sync_cases::sync_conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs sync_cases {
             sync_seen_remember_forget_ttl, sync_concurrent_remember_16_threads
         } ($factory));
     };
     (@sync_lease $attrs:tt ($factory:expr)) => {
         $crate::store_suite!(@seq $attrs sync_lease_conformance_sequences
-            $crate::testing::sync_lease_cases::sync_lease_conformance_sequences, ($factory));
+            $crate::sync_lease_cases::sync_lease_conformance_sequences, ($factory));
         $crate::store_suite!(@case $attrs sync_lease_cases {
             sync_lease_one_effect_across_16_threads, sync_lease_tokens_and_expiry
         } ($factory));
@@ -1928,8 +1928,8 @@ macro_rules! store_suite {
         #[test]
         $(#[$attr])*
         fn $test() {
-            let sequences = $crate::testing::sequences_for(env!("CARGO_MANIFEST_DIR"));
-            $crate::testing::run($path($factory, sequences));
+            let sequences = $crate::sequences_for(env!("CARGO_MANIFEST_DIR"));
+            $crate::run($path($factory, sequences));
         }
     };
     (@case $attrs:tt $module:ident { $($case:ident),+ $(,)? } ($factory:expr)) => {
@@ -1939,7 +1939,7 @@ macro_rules! store_suite {
         #[test]
         $(#[$attr])*
         fn $case() {
-            $crate::testing::run($crate::testing::$module::$case($factory));
+            $crate::run($crate::$module::$case($factory));
         }
     };
 }
