@@ -37,6 +37,6 @@ async fn main() {
     through_reexport(&env);
     through_core(&env).await;
     core_handler(&env);
-    let router = babelqueue_core::Router::new().register(core_handler {});
+    let router = babelqueue_runtime::Router::new().register(core_handler {});
     assert!(router.get("urn:babel:payments:charge").is_some());
 }
