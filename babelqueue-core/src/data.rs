@@ -112,9 +112,12 @@ impl Data {
     /// #[derive(serde::Deserialize)]
     /// struct Payment { amount: u64 }
     ///
-    /// let env = babelqueue_core::Envelope::decode(
-    ///     br#"{"job":"urn:babel:payments:charge","trace_id":"t","data":{"amount":4200},"meta":{"id":"a","queue":"q","schema_version":"1.0","lang":"go","created_at":1},"attempts":0}"#,
-    /// )?;
+    /// let body = babelqueue_core::Envelope::new(
+    ///     "urn:babel:payments:charge",
+    ///     serde_json::json!({"amount": 4200}),
+    /// )?
+    /// .encode();
+    /// let env = babelqueue_core::Envelope::decode(&body)?;
     /// let p: Payment = env.data.deserialize_into()?;
     /// assert_eq!(p.amount, 4200);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

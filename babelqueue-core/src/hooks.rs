@@ -45,10 +45,8 @@
 //! let noted = Arc::new(Noted::default());
 //! let store = InMemoryStore::new();
 //! let env = Envelope::new("urn:babel:orders:created", serde_json::json!({}))?;
-//! let out = hooks::scope(noted.clone(), Guard::new(&store).run_async(&env, || async {
-//!     Ok::<(), std::io::Error>(())
-//! }))
-//! .await;
+//! let guarded = Guard::new(&store).run_async(&env, async { Ok::<(), std::io::Error>(()) });
+//! let out = hooks::scope(noted.clone(), guarded).await;
 //! assert!(out.is_ok());
 //! assert!(!noted.0.load(Ordering::SeqCst), "the store answered");
 //! assert!(store.seen(&env.meta.id).await?, "remembered");

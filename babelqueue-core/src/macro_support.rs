@@ -448,7 +448,7 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
 ///
 /// ```
 /// use std::sync::Arc;
-/// use babelqueue_core::macro_support::EnvelopeParam;
+/// use babelqueue_core::__private::EnvelopeParam;
 /// use babelqueue_core::Envelope;
 ///
 /// type Env = Arc<Envelope>;
@@ -520,7 +520,7 @@ impl<T: DedupeKey + ?Sized> KeySource for T {
 /// inline (no heap allocation), a longer key in a `String`. Dereferences to `str`.
 ///
 /// ```
-/// use babelqueue_core::macro_support::GuardKey;
+/// use babelqueue_core::__private::GuardKey;
 ///
 /// let id = GuardKey::from("0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
 /// assert_eq!(&*id, "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
@@ -680,7 +680,7 @@ pub struct GuardFuture<C: ReturnsType> {
 /// type would name the future's type as a generic argument).
 ///
 /// ```
-/// use babelqueue_core::macro_support::{guard_future, never};
+/// use babelqueue_core::__private::{guard_future, never};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let out = guard_future(async { 7 }, || never(())).await;
 /// assert_eq!(out, 7);
