@@ -173,9 +173,9 @@ pub use babelqueue_macros::handler;
 /// assert_eq!(router.urns().collect::<Vec<_>>(), ["urn:babel:payments:charge"]);
 /// ```
 pub mod prelude {
-    pub use babelqueue_runtime::prelude::*;
     #[doc(no_inline)]
     pub use babelqueue_macros::{handler, idempotent};
+    pub use babelqueue_runtime::prelude::*;
 }
 
 /// The Redis backend: [`RedisStore`](babelqueue_redis::RedisStore) (feature `redis`).

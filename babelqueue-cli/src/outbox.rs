@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use babelqueue_runtime::outbox::{OutboxRelay, OutboxStore, RelayStats};
 use babelqueue_postgres::{PostgresOutbox, PostgresStore};
 use babelqueue_redis::RedisTransport;
+use babelqueue_runtime::outbox::{OutboxRelay, OutboxStore, RelayStats};
 use babelqueue_sqlite::SqliteOutbox;
 
 use crate::CliError;

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 /// valid object when the envelope was decoded) and parses it into the map the first time
 /// the map is read. A consumer that never looks at the payload, or only deserializes it
 /// into a type with [`Envelope::data_as`](crate::Envelope::data_as) or
-/// [`Json<T>`](crate::Json), does not build the map at all: the type is read from the
+/// `Json<T>`, does not build the map at all: the type is read from the
 /// text directly. The map, the encoding and every comparison are the same whether or not
 /// it was parsed yet.
 ///

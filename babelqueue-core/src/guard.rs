@@ -352,8 +352,7 @@ impl<S: Store + ?Sized> Guard<'_, S, Dedupe> {
         }
         hooks::handler_runs();
         handler().into_result()?;
-        if let Err(err) =
-            hooks::owed_write_sync(&key, "remember", || store.remember_for(&key, ttl))
+        if let Err(err) = hooks::owed_write_sync(&key, "remember", || store.remember_for(&key, ttl))
         {
             remember_failed(&key, &err);
         }
@@ -1237,10 +1236,7 @@ mod tests {
         )
         .await;
         assert_eq!(out.unwrap().outcome, Outcome::Ran);
-        assert!(
-            probe.started(),
-            "the handler's start was recorded"
-        );
+        assert!(probe.started(), "the handler's start was recorded");
         let probe = Arc::new(StoreProbe::default());
         let out = with_probe(
             Arc::clone(&probe),

@@ -63,7 +63,6 @@ use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-
 use tokio::sync::Notify;
 
 use crate::pipelined::PipelinedWrite;
@@ -252,7 +251,6 @@ fn turn_blocking_always(key: &str) -> KeyTurn {
     table.take(hash, key)
 }
 
-
 // ---------------------------------------------------------------------------------------
 // The hooks: what the guard tells its runner
 // ---------------------------------------------------------------------------------------
@@ -342,10 +340,7 @@ tokio::task_local! {
 
 /// Runs `fut` with `hooks` visible to every guard inside it (the consume runtime wraps
 /// each handler call in this).
-pub fn scope<F: Future>(
-    hooks: Arc<dyn GuardHooks>,
-    fut: F,
-) -> impl Future<Output = F::Output> {
+pub fn scope<F: Future>(hooks: Arc<dyn GuardHooks>, fut: F) -> impl Future<Output = F::Output> {
     // Not an `async fn`: its future would hold `fut` twice.
     HOOKS.scope(hooks, fut)
 }

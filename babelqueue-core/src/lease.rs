@@ -496,4 +496,3 @@ where
     let lost = lost.into_inner().unwrap_or_else(|e| e.into_inner());
     (out.into_result(), lost)
 }
-

@@ -65,11 +65,11 @@ pub use envelope::{
 };
 pub use fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch};
 pub use guard::{Guard, Guarded, Outcome};
-pub use outcome::{BoxError, BoxFuture};
 pub use key::DedupeKey;
 pub use lease::{AsyncLeaseStore, InFlight, LeaseStore};
 pub use memory::InMemoryStore;
 pub use namespace::Namespace;
+pub use outcome::{BoxError, BoxFuture};
 pub use store::{AsyncStore, IntoHandlerError, Store};
 pub use store_error::StoreUnavailable;
 
@@ -83,11 +83,11 @@ pub mod __private {
     };
     pub use crate::guard::{Guard, HandlerResult};
     pub use crate::guard_ext::*;
-    pub use crate::outcome::BoxFuture;
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;
     pub use crate::namespace::{Namespace, handler_key, scoped_key};
+    pub use crate::outcome::BoxFuture;
     pub use crate::store::{AsyncStore, IntoHandlerError, Store};
     pub use crate::txn::{AsyncTransactionalStore, TransactionalStore};
     pub use ::core;

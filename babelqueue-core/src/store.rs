@@ -240,4 +240,3 @@ macro_rules! handler_error_from {
 }
 
 handler_error_from!(std::io::Error, crate::outcome::BoxError);
-

@@ -57,10 +57,16 @@ mod tests {
             "::babelqueue"
         );
         assert_eq!(path((name("bq"), None)), "::bq");
-        assert_eq!(path((None, name("babelqueue_runtime"))), "::babelqueue_runtime");
+        assert_eq!(
+            path((None, name("babelqueue_runtime"))),
+            "::babelqueue_runtime"
+        );
         assert_eq!(path((None, name("core_renamed"))), "::core_renamed");
         assert_eq!(path((Some(FoundCrate::Itself), None)), "::babelqueue");
-        assert_eq!(path((None, Some(FoundCrate::Itself))), "::babelqueue_runtime");
+        assert_eq!(
+            path((None, Some(FoundCrate::Itself))),
+            "::babelqueue_runtime"
+        );
         assert_eq!(path((None, None)), "::babelqueue");
     }
 

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use babelqueue_runtime::handler::BoxFuture;
 use babelqueue_core::pipelined::PipelinedWrite;
+use babelqueue_runtime::handler::BoxFuture;
 use babelqueue_runtime::{
     ConsumerOptions, Delivery, HeldElsewhere, ListMaintenance, Maintenance, QueueDepth, Recovered,
     Republish, Settled, Transport, TransportError,

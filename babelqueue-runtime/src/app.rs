@@ -15,10 +15,10 @@ use super::settle::RetryPolicy;
 pub use super::settle::UnknownUrnStrategy;
 use super::transport::{Transport, TransportError};
 use super::worker::{Mode, consume};
-use babelqueue_core::envelope::{Envelope, EnvelopeError};
 use crate::extract::MissingState;
-use babelqueue_core::guard::HandlerResult;
 use crate::handler::{BoxError, Router, TypedHandler};
+use babelqueue_core::envelope::{Envelope, EnvelopeError};
+use babelqueue_core::guard::HandlerResult;
 
 /// Publishing a new message failed.
 #[derive(Debug, thiserror::Error)]

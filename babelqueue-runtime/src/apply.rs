@@ -11,8 +11,8 @@ use super::dead_letter::{self, Block};
 use super::report::{Disposition, Report};
 use super::settle::{Action, Happened, PutBack, UnknownUrnStrategy, decide};
 use super::transport::{Delivery, Headers, Republish, TransportError};
-use babelqueue_core::envelope::{DeadLetterReason, Envelope};
 use crate::probe::Deferred;
+use babelqueue_core::envelope::{DeadLetterReason, Envelope};
 
 /// The outcome of a delivery before settling.
 pub(crate) struct Verdict {

@@ -21,10 +21,10 @@ use super::observe;
 use super::report::Report;
 use super::settle::Happened;
 use super::transport::{Delivery, Transport};
-use babelqueue_core::envelope::{DeadLetterReason, Envelope};
-use babelqueue_core::guard::Outcome;
 use crate::handler::{BoxFuture, Handler, HandlerError, HandlerOutput, UnknownUrn};
 use crate::probe::{Deferred, StoreProbe};
+use babelqueue_core::envelope::{DeadLetterReason, Envelope};
+use babelqueue_core::guard::Outcome;
 use babelqueue_core::hooks::{self, OwedRetry, Phase};
 use babelqueue_core::lease::InFlight;
 
@@ -91,7 +91,10 @@ async fn run_handler(
     // The delivery's `bq-replay-bypass` header, visible to the handler as `is_replay()`.
     let fut = crate::replay::scope(
         replay,
-        hooks::scope(Arc::clone(probe) as Arc<dyn hooks::GuardHooks>, call(handler, env)),
+        hooks::scope(
+            Arc::clone(probe) as Arc<dyn hooks::GuardHooks>,
+            call(handler, env),
+        ),
     );
     tokio::pin!(fut);
     loop {
@@ -450,8 +453,9 @@ mod tests {
         assert_eq!(verdict(HandlerError::new(unstorable)), Happened::Poison);
         // A payload that does not deserialize is permanent.
         use crate::extract::{FromEnvelope, Json, StateMap};
-        let env = babelqueue_core::Envelope::new("urn:x", serde_json::json!({"amount": "not a number"}))
-            .expect("an envelope");
+        let env =
+            babelqueue_core::Envelope::new("urn:x", serde_json::json!({"amount": "not a number"}))
+                .expect("an envelope");
         let payload = Json::<u32>::from_envelope(&env, &StateMap::default())
             .expect_err("a string is not a u32");
         assert_eq!(

@@ -415,7 +415,9 @@ mod tests {
 // A `State<S>` argument holding a store is a store (the router's shared stores).
 macro_rules! forward_state_stores {
     () => {
-        impl<S: babelqueue_core::store::Store> babelqueue_core::store::Store for crate::extract::State<S> {
+        impl<S: babelqueue_core::store::Store> babelqueue_core::store::Store
+            for crate::extract::State<S>
+        {
             type Error = S::Error;
             fn seen(&self, id: &str) -> Result<bool, Self::Error> {
                 self.0.seen(id)
@@ -435,7 +437,9 @@ macro_rules! forward_state_stores {
             }
         }
 
-        impl<S: babelqueue_core::store::AsyncStore> babelqueue_core::store::AsyncStore for crate::extract::State<S> {
+        impl<S: babelqueue_core::store::AsyncStore> babelqueue_core::store::AsyncStore
+            for crate::extract::State<S>
+        {
             type Error = S::Error;
             fn seen(&self, id: &str) -> impl Future<Output = Result<bool, Self::Error>> + Send {
                 self.0.seen(id)
@@ -470,7 +474,9 @@ forward_state_stores!();
 // A `State<S>` argument holding a store is a store (the router's shared stores).
 macro_rules! forward_state_lease_stores {
     () => {
-        impl<S: babelqueue_core::lease::LeaseStore> babelqueue_core::lease::LeaseStore for crate::extract::State<S> {
+        impl<S: babelqueue_core::lease::LeaseStore> babelqueue_core::lease::LeaseStore
+            for crate::extract::State<S>
+        {
             fn claim(
                 &self,
                 id: &str,
@@ -502,7 +508,8 @@ macro_rules! forward_state_lease_stores {
                 &self,
                 id: &str,
                 lease: std::time::Duration,
-            ) -> impl Future<Output = Result<babelqueue_core::lease::Claim, Self::Error>> + Send {
+            ) -> impl Future<Output = Result<babelqueue_core::lease::Claim, Self::Error>> + Send
+            {
                 self.0.claim(id, lease)
             }
             fn complete(

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use babelqueue_core::envelope::Envelope;
 use crate::extract::{MissingState, StateMap};
+use babelqueue_core::envelope::Envelope;
 use babelqueue_core::guard::{HandlerResult, Outcome, capture_outcome, capture_outcome_sync};
 
 pub use babelqueue_core::{BoxError, BoxFuture};

@@ -49,14 +49,6 @@
 //! completed) or runs (it failed and released its claim).
 
 mod app;
-pub mod extract;
-pub mod handler;
-mod macro_support;
-pub mod outbox;
-pub mod prelude;
-mod probe;
-pub mod redrive;
-pub mod replay;
 mod apply;
 mod config;
 mod ctx;
@@ -64,13 +56,21 @@ mod dead_letter;
 mod depth;
 mod errors;
 mod execute;
+pub mod extract;
+pub mod handler;
 pub(crate) mod json_text;
+mod macro_support;
 pub mod maintain;
 mod memory;
 pub mod metrics;
 mod observe;
 #[cfg(feature = "opentelemetry")]
 pub mod otel;
+pub mod outbox;
+pub mod prelude;
+mod probe;
+pub mod redrive;
+pub mod replay;
 mod report;
 #[cfg(feature = "schema")]
 mod schemas;
@@ -78,13 +78,13 @@ mod settle;
 mod transport;
 mod worker;
 
-pub use extract::{Attempts, FromEnvelope, Json, State};
-pub use handler::{HandlerError, Router, TypedHandler};
 pub use app::{App, DrainError, EmptyQueueName, PublishError, UnknownUrnStrategy};
 pub use dead_letter::{POISON_URN, poison_body, recover_poison};
 pub use depth::{HeldElsewhere, QueueDepth};
 pub use errors::{HandlerTimeout, Permanent, StoreTimeout, StoreUnavailable};
 pub use execute::RELEASES_HEADER;
+pub use extract::{Attempts, FromEnvelope, Json, State};
+pub use handler::{HandlerError, Router, TypedHandler};
 #[doc(hidden)]
 pub use json_text::set_member as set_json_member;
 pub use maintain::{ListMaintenance, Maintenance, Recovered};

@@ -12,7 +12,6 @@ use babelqueue_core::guard::HandlerResult;
 use crate::extract::{FromEnvelope, MissingState, StateMap};
 use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 
-
 /// A return type a `#[handler]` may have, and how the router runs such a handler.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a return type #[handler] supports",

@@ -54,9 +54,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use babelqueue_core::envelope::{DEFAULT_QUEUE, Envelope};
-use crate::handler::{BoxError, BoxFuture};
 use crate::Transport;
+use crate::handler::{BoxError, BoxFuture};
+use babelqueue_core::envelope::{DEFAULT_QUEUE, Envelope};
 
 /// An outbox operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -341,9 +341,7 @@ impl OutboxRelay {
         let mut failure = None;
         for (i, row) in rows.iter().enumerate() {
             // Tracing: a PRODUCER span per row (`publish_raw` without one).
-            match crate::publish_traced(&*self.transport, &row.queue, row.payload.clone())
-                .await
-            {
+            match crate::publish_traced(&*self.transport, &row.queue, row.payload.clone()).await {
                 Ok(()) => published.push(row.id),
                 Err(e) => {
                     failure = Some((i, reason(&e)));

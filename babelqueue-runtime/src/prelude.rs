@@ -12,16 +12,16 @@
 //!
 //! The `babelqueue` facade's prelude adds the `#[handler]` and `#[idempotent]` macros.
 
-pub use babelqueue_core::envelope::{DeadLetter, DecodeError, Envelope, EnvelopeError, Meta};
 pub use crate::extract::{Attempts, FromEnvelope, Json, State};
-pub use babelqueue_core::fingerprint::{AsyncFingerprintStore, FingerprintStore, PayloadMismatch};
-pub use babelqueue_core::guard::{Guard, Guarded, Outcome};
 pub use crate::handler::{BoxError, HandlerError, Router};
-pub use babelqueue_core::key::DedupeKey;
-pub use babelqueue_core::lease::{AsyncLeaseStore, InFlight, LeaseStore};
-pub use babelqueue_core::memory::InMemoryStore;
 pub use crate::replay::{
     Replay, bypass_external_effects, bypass_external_effects_async, is_replay,
 };
 pub use crate::{App, InMemoryTransport, Permanent, RetryPolicy, Transport};
+pub use babelqueue_core::envelope::{DeadLetter, DecodeError, Envelope, EnvelopeError, Meta};
+pub use babelqueue_core::fingerprint::{AsyncFingerprintStore, FingerprintStore, PayloadMismatch};
+pub use babelqueue_core::guard::{Guard, Guarded, Outcome};
+pub use babelqueue_core::key::DedupeKey;
+pub use babelqueue_core::lease::{AsyncLeaseStore, InFlight, LeaseStore};
+pub use babelqueue_core::memory::InMemoryStore;
 pub use babelqueue_core::store::{AsyncStore, Store};

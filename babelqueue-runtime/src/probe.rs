@@ -249,5 +249,4 @@ mod tests {
         probe.enter(Phase::Idle);
         assert_eq!(probe.phase().2, Some(started + Duration::from_millis(5100)));
     }
-
 }

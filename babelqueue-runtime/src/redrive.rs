@@ -71,12 +71,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use babelqueue_core::envelope::Envelope;
 use crate::replay;
 use crate::{
     ConsumerEvent, ConsumerOptions, Delivery, EventSink, Headers, RELEASES_HEADER, Republish,
     Transport, TransportError,
 };
+use babelqueue_core::envelope::Envelope;
 
 /// The URN of the wrapper a non-object poison body is dead-lettered in.
 const POISON_URN: &str = crate::POISON_URN;

@@ -1,8 +1,8 @@
 //! What the runtime did: [`Disposition`], [`Report`], [`Stats`].
 
 use super::transport::TransportError;
-use babelqueue_core::envelope::{DeadLetterReason, Envelope};
 use crate::extract::MissingState;
+use babelqueue_core::envelope::{DeadLetterReason, Envelope};
 
 /// What the runtime did with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]

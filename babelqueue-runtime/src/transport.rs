@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use super::depth::QueueDepth;
-use babelqueue_core::envelope::Envelope;
 use crate::handler::{BoxError, BoxFuture};
+use babelqueue_core::envelope::Envelope;
 use babelqueue_core::pipelined::PipelinedWrite;
 
 pub use babelqueue_core::binding::redis::{

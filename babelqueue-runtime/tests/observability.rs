@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use babelqueue_runtime::{App, Disposition, Headers, InMemoryTransport, Report, Transport};
 use babelqueue_core::{DeadLetterReason, Envelope};
+use babelqueue_runtime::{App, Disposition, Headers, InMemoryTransport, Report, Transport};
 use serde_json::{Value, json};
 
 const CHARGE: &str = "urn:babel:payments:charge";
@@ -275,11 +275,11 @@ mod recorder {
 async fn metrics_count_deliveries_by_outcome_retries_dead_letters_and_store_calls() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use babelqueue_core::{Guard, InMemoryStore};
     use babelqueue_runtime::metrics::{
         DEAD_LETTERS_TOTAL, DELIVERIES_TOTAL, HANDLER_DURATION_SECONDS, IN_FLIGHT, Metered,
         RETRIES_TOTAL, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL,
     };
-    use babelqueue_core::{Guard, InMemoryStore};
 
     let rec = recorder::installed();
     let q = "obs-metrics";
@@ -469,12 +469,10 @@ async fn queue_depth_and_in_flight_are_sampled_while_running() {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn metered_times_every_store_trait_and_counts_failures() {
-    use babelqueue_runtime::metrics::{
-        Metered, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL,
-    };
     use babelqueue_core::{
         AsyncLeaseStore, AsyncStore, InMemoryStore, LeaseStore, Store, lease::Claim,
     };
+    use babelqueue_runtime::metrics::{Metered, STORE_CALL_DURATION_SECONDS, STORE_ERRORS_TOTAL};
 
     /// A store whose every call fails.
     struct Down;

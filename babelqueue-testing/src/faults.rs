@@ -52,10 +52,10 @@ use std::time::Duration;
 
 use babelqueue_core::envelope::Envelope;
 use babelqueue_core::guard::{Guard, Guarded, Outcome};
-use babelqueue_runtime::handler::BoxError;
 use babelqueue_core::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use babelqueue_core::store::{AsyncStore, IntoHandlerError, Store};
 use babelqueue_core::store_error::{StoreUnavailable, UnavailableKind, find_unavailable};
+use babelqueue_runtime::handler::BoxError;
 
 /// A store call the fault kit can fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

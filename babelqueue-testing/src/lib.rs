@@ -70,11 +70,11 @@ use serde::Deserialize;
 
 use babelqueue_core::envelope::Envelope;
 use babelqueue_core::guard::{Guard, Guarded, Outcome};
-use babelqueue_runtime::handler::{BoxError, BoxFuture};
 use babelqueue_core::key::{MAX_ID_LEN, UnstorableId, id_is_storable};
 use babelqueue_core::lease::{AsyncLeaseStore, Claim, InFlight, LeaseStore, LeaseToken};
 use babelqueue_core::store::{AsyncStore, IntoHandlerError, Store};
 use babelqueue_core::store_error::find_unstorable_id;
+use babelqueue_runtime::handler::{BoxError, BoxFuture};
 
 pub mod faults;
 
@@ -1268,7 +1268,9 @@ pub mod sync_renewal_cases {
                             loop {
                                 let r = Guard::new(&*s).lease(SHORT_LEASE).run("renewed", || {
                                     effects.fetch_add(1, Ordering::SeqCst);
-                                    assert!(babelqueue_core::lease::current_fencing_token().is_some());
+                                    assert!(
+                                        babelqueue_core::lease::current_fencing_token().is_some()
+                                    );
                                     std::thread::sleep(HANDLER_PAST_LEASE);
                                     Ok::<(), BoxError>(())
                                 });

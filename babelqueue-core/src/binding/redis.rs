@@ -123,7 +123,6 @@ pub fn unframe(element: &[u8]) -> Option<(Headers, Vec<u8>)> {
     Some((headers, body))
 }
 
-
 /// The envelope bytes of a list element: the body of a header frame, else the element
 /// itself (payload identity).
 ///
