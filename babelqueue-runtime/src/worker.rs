@@ -190,6 +190,10 @@ impl Shared {
     async fn drain_end(&self) -> Result<bool, TransportError> {
         let queue = &self.ctx.config.queue;
         match self.ctx.transport.next_due(queue).await? {
+            // The maintenance task may have promoted a delayed message to the queue since
+            // this worker's last reserve came back empty (its wake-up found no worker
+            // waiting): the queue is looked at again before the drain ends.
+            None if self.ready_again(queue).await => Ok(false),
             None => self.drain_end_elsewhere().await,
             Some(wait) => {
                 tracing::debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "drain: waiting for delayed messages");
@@ -202,6 +206,12 @@ impl Shared {
 }
 
 impl Shared {
+    /// Drain: whether `queue` holds ready messages again (a transport that cannot tell
+    /// its depth answers no).
+    async fn ready_again(&self, queue: &str) -> bool {
+        matches!(self.ctx.transport.depth(queue).await, Ok(d) if d.ready > 0)
+    }
+
     /// The state `workers` workers of one consume share (all counted busy at first).
     fn new(ctx: Ctx, mode: Mode, workers: usize) -> Arc<Self> {
         Arc::new(Shared {
