@@ -27,7 +27,7 @@
 //! allocations alone (the owned key `String`, and the boxed future of the async expansion).
 //!
 //! The guard is called outside the consume runtime, as a handler called by hand: it takes
-//! no per-key turn (the runtime's guard calls do; see `babelqueue_core::inflight`), and a
+//! no per-key turn (the runtime's guard calls do; see `babelqueue_core::hooks`), and a
 //! first delivery's cost includes the eviction of the store's oldest id.
 //!
 //! On a shared machine, count instructions instead (deterministic): with

@@ -1,6 +1,6 @@
 //! AMQP field tables ⇄ the runtime's out-of-band [`Headers`] (a JSON object).
 
-use babelqueue_core::runtime::Headers;
+use babelqueue_runtime::Headers;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{Number, Value};
 
@@ -21,7 +21,7 @@ fn is_broker_header(key: &str) -> bool {
 /// strings that are not UTF-8 are decoded lossily).
 ///
 /// What a tool that moves a delivery by hand (the `babelqueue dlq requeue` command) passes
-/// to [`Transport::publish_with_headers`](babelqueue_core::runtime::Transport::publish_with_headers)
+/// to [`Transport::publish_with_headers`](babelqueue_runtime::Transport::publish_with_headers)
 /// so the new copy keeps the delivery's own headers (`traceparent`, …) while the
 /// projection's are written afresh from the body.
 ///

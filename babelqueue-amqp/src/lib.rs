@@ -1,7 +1,7 @@
 //! # babelqueue-amqp
 //!
 //! BabelQueue on RabbitMQ (AMQP 0-9-1): [`AmqpTransport`], the family's RabbitMQ binding
-//! for the runtime's [`App`](babelqueue_core::runtime::App). A message produced here is
+//! for the runtime's [`App`](babelqueue_runtime::App). A message produced here is
 //! what the Go, Python, PHP, Java, Node and .NET SDKs produce: the envelope as the body,
 //! byte for byte, on the default exchange with routing key = queue, persistent, with the
 //! binding's projection onto AMQP properties and natively typed headers; queues are
@@ -13,9 +13,9 @@
 //!
 //! ```no_run
 //! use babelqueue_amqp::AmqpTransport;
-//! use babelqueue_core::runtime::Transport;
+//! use babelqueue_runtime::Transport;
 //!
-//! # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+//! # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
 //! let t = AmqpTransport::open("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
 //! t.publish_raw("jobs", br#"{"job":"urn:babel:jobs:run","data":{}}"#.to_vec()).await?;
 //! # Ok(()) }

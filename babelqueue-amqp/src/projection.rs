@@ -1,7 +1,7 @@
 //! The binding's projection ([`babelqueue_core::binding::amqp`]) as `lapin` properties.
 
 use babelqueue_core::binding::amqp::{self, HeaderValue};
-use babelqueue_core::runtime::Headers;
+use babelqueue_runtime::Headers;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::{
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::{
     ConsumerOptions, Delivery, Headers, QueueDepth, Republish, Transport, TransportError,
 };
 use futures_core::Stream;
@@ -407,7 +407,7 @@ struct Inner {
 }
 
 /// The RabbitMQ transport: the family's AMQP 0-9-1 binding for the runtime's
-/// [`App`](babelqueue_core::runtime::App).
+/// [`App`](babelqueue_runtime::App).
 ///
 /// - **Publish**: on the default exchange with routing key = queue, persistent, with the
 ///   binding's projection (`type` = URN, `correlation_id` = trace_id, `message_id` =
@@ -454,7 +454,7 @@ struct Inner {
 ///
 /// ```no_run
 /// use babelqueue_amqp::AmqpTransport;
-/// use babelqueue_core::runtime::App;
+/// use babelqueue_runtime::App;
 /// use babelqueue_core::Envelope;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -502,7 +502,7 @@ impl AmqpTransport {
     /// now: a bad URL or an unreachable broker is an error here.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+    /// # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
     /// let t = babelqueue_amqp::AmqpTransport::open("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
     /// # Ok(()) }
     /// ```
@@ -518,7 +518,7 @@ impl AmqpTransport {
     /// ```
     /// let t = babelqueue_amqp::AmqpTransport::lazy("amqp://guest:guest@127.0.0.1:5672/%2f")?;
     /// assert!(babelqueue_amqp::AmqpTransport::lazy("http://nope").is_err());
-    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     pub fn lazy(url: &str) -> Result<Self, TransportError> {
         let parsed: lapin::uri::AMQPUri = url.parse().map_err(|e: String| {
@@ -554,7 +554,7 @@ impl AmqpTransport {
     ///
     /// ```
     /// let t = babelqueue_amqp::AmqpTransport::lazy("amqp://127.0.0.1")?.with_prefetch(16);
-    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     pub fn with_prefetch(self, prefetch: u16) -> Self {
         self.inner
@@ -573,7 +573,7 @@ impl AmqpTransport {
     /// assert_eq!(t.prefetch_for(8), 8 * PREFETCH_PER_WORKER);
     /// assert_eq!(t.prefetch_for(100_000), u16::MAX);
     /// assert_eq!(t.with_prefetch(8).prefetch_for(32), 8);
-    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     pub fn prefetch_for(&self, concurrency: usize) -> u16 {
         match self.inner.fixed_prefetch.load(Ordering::Relaxed) {

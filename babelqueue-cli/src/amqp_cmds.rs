@@ -20,7 +20,7 @@ use babelqueue_amqp::lapin::types::{FieldTable, LongString, ShortString};
 use babelqueue_amqp::lapin::{self, Channel, Connection, ConnectionProperties, ErrorKind};
 use babelqueue_amqp::{AmqpTransport, MAX_DELAY, delay_bucket, delay_queue, out_of_band};
 use babelqueue_core::binding::{AmqpUrl, BrokerUrl};
-use babelqueue_core::runtime::Transport;
+use babelqueue_runtime::Transport;
 use serde_json::{Map, Value, json};
 
 use crate::CliError;
@@ -390,7 +390,7 @@ pub(crate) async fn dlq_requeue(
             continue;
         }
         tally.matched += 1;
-        if el.job() == Some(babelqueue_core::runtime::POISON_URN) {
+        if el.job() == Some(babelqueue_runtime::POISON_URN) {
             tally.poison += 1;
             continue;
         }
@@ -451,7 +451,7 @@ pub(crate) async fn recover_poison(
                 break;
             };
             let delivery = msg.delivery;
-            let Some(original) = babelqueue_core::runtime::recover_poison(&delivery.data) else {
+            let Some(original) = babelqueue_runtime::recover_poison(&delivery.data) else {
                 continue;
             };
             transport.publish_raw(target, original).await.map_err(|e| {

@@ -24,7 +24,7 @@ pub(crate) fn describe(element: &[u8]) -> Value {
         "error": el.dead_letter("error"),
         "original_queue": el.dead_letter("original_queue"),
     });
-    if el.job() == Some(babelqueue_core::runtime::POISON_URN) {
+    if el.job() == Some(babelqueue_runtime::POISON_URN) {
         v["poison_wrapper"] = Value::Bool(true);
     }
     v

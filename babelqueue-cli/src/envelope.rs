@@ -14,9 +14,9 @@ pub(crate) struct Element {
 }
 
 /// The family's rule for telling a header frame from a bare envelope, the same one the
-/// consumer applies (`babelqueue_core::runtime::unframe`).
+/// consumer applies (`babelqueue_runtime::unframe`).
 fn is_frame(bytes: &[u8], obj: &Map<String, Value>) -> bool {
-    babelqueue_core::runtime::may_be_frame(bytes) && babelqueue_core::runtime::is_frame_object(obj)
+    babelqueue_runtime::may_be_frame(bytes) && babelqueue_runtime::is_frame_object(obj)
 }
 
 fn parse_object(bytes: &[u8]) -> Option<Map<String, Value>> {
@@ -89,12 +89,12 @@ impl Element {
         let envelope = self.envelope?;
         let reset_attempts = !keep_attempts && envelope.contains_key("attempts");
         if !self.framed {
-            return babelqueue_core::redrive::reset_text(&self.bytes, reset_attempts);
+            return babelqueue_runtime::redrive::reset_text(&self.bytes, reset_attempts);
         }
         let body = Element::body(&self.bytes);
-        let body = babelqueue_core::redrive::reset_text(&body, reset_attempts)?;
+        let body = babelqueue_runtime::redrive::reset_text(&body, reset_attempts)?;
         let body = serde_json::to_vec(std::str::from_utf8(&body).ok()?).ok()?;
-        babelqueue_core::runtime::set_json_member(&self.bytes, "body", &body)
+        babelqueue_runtime::set_json_member(&self.bytes, "body", &body)
     }
 }
 

@@ -438,11 +438,7 @@ macro_rules! on_kafka {
 
 /// The dead-letter queue of `queue` on the broker of `t` (SQS: `<queue>-dlq`).
 #[cfg(any(feature = "sqs", feature = "kafka"))]
-fn dlq_of<T: babelqueue_core::runtime::Transport>(
-    t: &T,
-    queue: &str,
-    dlq: Option<String>,
-) -> String {
+fn dlq_of<T: babelqueue_runtime::Transport>(t: &T, queue: &str, dlq: Option<String>) -> String {
     dlq.or_else(|| t.dead_letter_queue(queue, ".dlq"))
         .unwrap_or_else(|| format!("{queue}.dlq"))
 }
@@ -616,7 +612,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             };
             let open_err = |what: &str| {
                 let what = what.to_owned();
-                move |e: babelqueue_core::runtime::TransportError| {
+                move |e: babelqueue_runtime::TransportError| {
                     CliError::Message(format!("{what}: {}", redrive_cmd::chain_text(&e)))
                 }
             };

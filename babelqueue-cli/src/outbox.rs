@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use babelqueue_core::outbox::{OutboxRelay, OutboxStore, RelayStats};
 use babelqueue_postgres::{PostgresOutbox, PostgresStore};
 use babelqueue_redis::RedisTransport;
+use babelqueue_runtime::outbox::{OutboxRelay, OutboxStore, RelayStats};
 use babelqueue_sqlite::SqliteOutbox;
 
 use crate::CliError;
@@ -43,7 +43,7 @@ pub(crate) struct Settings {
     pub once: bool,
 }
 
-fn outbox_err(context: &str) -> impl FnOnce(babelqueue_core::outbox::OutboxError) -> CliError {
+fn outbox_err(context: &str) -> impl FnOnce(babelqueue_runtime::outbox::OutboxError) -> CliError {
     let context = context.to_owned();
     move |e| CliError::Postgres(context, Box::new(e))
 }

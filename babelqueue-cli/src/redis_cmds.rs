@@ -316,7 +316,7 @@ pub(crate) async fn dlq_requeue(
             continue;
         }
         tally.matched += 1;
-        if el.job() == Some(babelqueue_core::runtime::POISON_URN) {
+        if el.job() == Some(babelqueue_runtime::POISON_URN) {
             tally.poison += 1;
             continue;
         }
@@ -344,7 +344,7 @@ pub(crate) async fn recover_poison(
         .map_err(redis_err(format!("LRANGE {dlq}")))?;
     let mut moved = 0;
     for item in items {
-        let Some(original) = babelqueue_core::runtime::recover_poison(&Element::body(&item)) else {
+        let Some(original) = babelqueue_runtime::recover_poison(&Element::body(&item)) else {
             continue;
         };
         if move_one(conn, dlq, target, &item, &original).await? {

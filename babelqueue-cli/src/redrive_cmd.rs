@@ -1,8 +1,8 @@
 //! `babelqueue dlq redrive`: the library's [`redrive`] over the broker's own transport
 //! (Redis lists or RabbitMQ), printed as a table or as JSON.
 
-use babelqueue_core::redrive::{RedriveItem, RedriveOptions, RedriveResult, redrive};
-use babelqueue_core::runtime::Transport;
+use babelqueue_runtime::Transport;
+use babelqueue_runtime::redrive::{RedriveItem, RedriveOptions, RedriveResult, redrive};
 
 use crate::CliError;
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use babelqueue_core::redrive::RedriveOptions;
-use babelqueue_core::runtime::{
+use babelqueue_runtime::redrive::RedriveOptions;
+use babelqueue_runtime::{
     ConsumerOptions, Delivery, EventSink, Republish, Transport, TransportError, recover_poison,
 };
 use serde_json::json;

@@ -4,7 +4,7 @@
 use std::process::{Command, Output};
 
 use babelqueue_core::Envelope;
-use babelqueue_core::runtime::poison_body;
+use babelqueue_runtime::poison_body;
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_babelqueue");

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 /// valid object when the envelope was decoded) and parses it into the map the first time
 /// the map is read. A consumer that never looks at the payload, or only deserializes it
 /// into a type with [`Envelope::data_as`](crate::Envelope::data_as) or
-/// [`Json<T>`](crate::Json), does not build the map at all: the type is read from the
+/// `Json<T>`, does not build the map at all: the type is read from the
 /// text directly. The map, the encoding and every comparison are the same whether or not
 /// it was parsed yet.
 ///
@@ -107,7 +107,22 @@ impl Data {
     /// parsed yet (no map is built), else from the map in place. Either way the answer is
     /// the map's: a text that `T` refuses (a repeated key, say, where the map keeps the
     /// last) is read again from the map, whose answer or error is returned.
-    pub(crate) fn deserialize_into<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+    ///
+    /// ```
+    /// #[derive(serde::Deserialize)]
+    /// struct Payment { amount: u64 }
+    ///
+    /// let body = babelqueue_core::Envelope::new(
+    ///     "urn:babel:payments:charge",
+    ///     serde_json::json!({"amount": 4200}),
+    /// )?
+    /// .encode();
+    /// let env = babelqueue_core::Envelope::decode(&body)?;
+    /// let p: Payment = env.data.deserialize_into()?;
+    /// assert_eq!(p.amount, 4200);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn deserialize_into<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         if let (Some(raw), None) = (self.raw.as_deref(), self.map.get())
             && let Ok(value) = serde_json::from_str(raw)
         {

@@ -159,7 +159,7 @@ pub struct InFlight {
 /// While a claim is held (not yet completed or released, lease not ended), `seen`
 /// reports the id as seen, which is how the shared Redis and PostgreSQL layouts show it to
 /// every SDK's seen-set consumer; `forget` drops a held claim (its holder can then no
-/// longer complete it). `babelqueue_core::testing` (feature `testing`) checks all of this.
+/// longer complete it). `babelqueue-testing` (the store test suite) checks all of this.
 pub trait LeaseStore: Store {
     /// Atomically: completed → [`Claim::Completed`]; held under an unexpired lease →
     /// [`Claim::InFlight`]; otherwise claim it for `lease` → [`Claim::Acquired`].
@@ -496,61 +496,3 @@ where
     let lost = lost.into_inner().unwrap_or_else(|e| e.into_inner());
     (out.into_result(), lost)
 }
-// A `State<S>` argument holding a store is a store (the router's shared stores).
-macro_rules! forward_state_lease_stores {
-    () => {
-        impl<S: crate::lease::LeaseStore> crate::lease::LeaseStore for crate::extract::State<S> {
-            fn claim(
-                &self,
-                id: &str,
-                lease: std::time::Duration,
-            ) -> Result<crate::lease::Claim, Self::Error> {
-                self.0.claim(id, lease)
-            }
-            fn complete(
-                &self,
-                id: &str,
-                token: &crate::lease::LeaseToken,
-                ttl: Option<std::time::Duration>,
-            ) -> Result<bool, Self::Error> {
-                self.0.complete(id, token, ttl)
-            }
-            fn release(
-                &self,
-                id: &str,
-                token: &crate::lease::LeaseToken,
-            ) -> Result<bool, Self::Error> {
-                self.0.release(id, token)
-            }
-        }
-
-        impl<S: crate::lease::AsyncLeaseStore> crate::lease::AsyncLeaseStore
-            for crate::extract::State<S>
-        {
-            fn claim(
-                &self,
-                id: &str,
-                lease: std::time::Duration,
-            ) -> impl Future<Output = Result<crate::lease::Claim, Self::Error>> + Send {
-                self.0.claim(id, lease)
-            }
-            fn complete(
-                &self,
-                id: &str,
-                token: &crate::lease::LeaseToken,
-                ttl: Option<std::time::Duration>,
-            ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
-                self.0.complete(id, token, ttl)
-            }
-            fn release(
-                &self,
-                id: &str,
-                token: &crate::lease::LeaseToken,
-            ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
-                self.0.release(id, token)
-            }
-        }
-    };
-}
-
-forward_state_lease_stores!();

@@ -1,12 +1,16 @@
 //! # babelqueue-core
 //!
-//! The heart of BabelQueue for Rust: the canonical wire [`Envelope`] shared with the Go,
-//! Python, PHP, Java, Node and .NET SDKs, the seen-set [`Store`] / [`AsyncStore`] traits,
-//! the process-local [`InMemoryStore`], the idempotency [`Guard`] that `#[idempotent]`
-//! expands to, and the [`Router`] of handlers.
+//! The contract of BabelQueue for Rust, and nothing of consuming: the canonical wire
+//! [`Envelope`] shared with the Go, Python, PHP, Java, Node and .NET SDKs, the dedupe
+//! keys and namespaces, the seen-set [`Store`] / [`AsyncStore`] traits and their lease,
+//! fingerprint and transactional kinds, the process-local [`InMemoryStore`], the
+//! idempotency [`Guard`] that `#[idempotent]` expands to, and the pure mappings of the
+//! family's seven broker bindings ([`binding`]).
 //!
-//! Most users depend on the `babelqueue` facade crate, which re-exports all of this plus
-//! the macros and the optional backends.
+//! Store authors implement this crate's traits; the consume runtime (`babelqueue-runtime`)
+//! builds on it and reaches the guard only through [`hooks`]. Most users depend on the
+//! `babelqueue` facade crate, which re-exports this crate, the runtime, the macros and
+//! the optional backends.
 //!
 //! ```
 //! use babelqueue_core::{Envelope, Guard, InMemoryStore};
@@ -31,35 +35,27 @@ mod data;
 mod data_de;
 pub mod dyn_store;
 pub mod envelope;
-pub mod extract;
 pub mod fingerprint;
 pub mod gdpr;
 pub mod guard;
-pub mod guard_ext;
-pub mod handler;
-mod inflight;
+mod guard_ext;
+pub mod hooks;
 pub mod key;
 pub mod lease;
-pub mod macro_support;
+mod macro_support;
 pub mod memory;
 pub mod namespace;
-pub mod outbox;
 mod outcome;
 pub mod pipelined;
-mod plain_value;
-pub mod prelude;
-pub mod redrive;
-pub mod replay;
+#[doc(hidden)]
+pub mod plain_value;
 pub mod retention;
-pub mod runtime;
 #[cfg(feature = "schema")]
 pub mod schema;
 #[doc(hidden)]
 pub mod sql;
 pub mod store;
 pub mod store_error;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod txn;
 
 // The root names the types a handler author or a store implementor writes down; the
@@ -67,15 +63,13 @@ pub mod txn;
 pub use envelope::{
     Data, DeadLetter, DeadLetterReason, DecodeError, Envelope, EnvelopeError, Meta,
 };
-pub use extract::{Attempts, FromEnvelope, Json, State};
 pub use fingerprint::{AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch};
 pub use guard::{Guard, Guarded, Outcome};
-pub use handler::{BoxError, BoxFuture, HandlerError, Router, TypedHandler};
 pub use key::DedupeKey;
 pub use lease::{AsyncLeaseStore, InFlight, LeaseStore};
 pub use memory::InMemoryStore;
 pub use namespace::Namespace;
-pub use runtime::{App, InMemoryTransport, Permanent, RetryPolicy, Transport, TransportError};
+pub use outcome::{BoxError, BoxFuture};
 pub use store::{AsyncStore, IntoHandlerError, Store};
 pub use store_error::StoreUnavailable;
 
@@ -84,19 +78,16 @@ pub use store_error::StoreUnavailable;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::envelope::Envelope;
-    pub use crate::extract::{FromEnvelope, MissingState, StateMap};
     pub use crate::fingerprint::{
         AsyncFingerprintStore, Fingerprint, FingerprintStore, PayloadMismatch,
     };
     pub use crate::guard::{Guard, HandlerResult};
     pub use crate::guard_ext::*;
-    pub use crate::handler::{
-        BoxFuture, Handler, HandlerOutput, TypedHandler, run_async, run_sync,
-    };
     pub use crate::key::DedupeKey;
     pub use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
     pub use crate::macro_support::*;
     pub use crate::namespace::{Namespace, handler_key, scoped_key};
+    pub use crate::outcome::BoxFuture;
     pub use crate::store::{AsyncStore, IntoHandlerError, Store};
     pub use crate::txn::{AsyncTransactionalStore, TransactionalStore};
     pub use ::core;

@@ -18,9 +18,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::extract::{FromEnvelope, MissingState, StateMap};
 use crate::guard::{Guard, Guarded, HandlerResult};
-use crate::handler::{BoxError, BoxFuture, HandlerError, HandlerOutput, run_async, run_sync};
 use crate::key::DedupeKey;
 use crate::lease::{AsyncLeaseStore, InFlight, LeaseStore};
 use crate::store::{AsyncStore, IntoHandlerError, Store};
@@ -450,7 +448,7 @@ impl<E: From<InFlight>> AcceptsInFlight for E {}
 ///
 /// ```
 /// use std::sync::Arc;
-/// use babelqueue_core::macro_support::EnvelopeParam;
+/// use babelqueue_core::__private::EnvelopeParam;
 /// use babelqueue_core::Envelope;
 ///
 /// type Env = Arc<Envelope>;
@@ -522,7 +520,7 @@ impl<T: DedupeKey + ?Sized> KeySource for T {
 /// inline (no heap allocation), a longer key in a `String`. Dereferences to `str`.
 ///
 /// ```
-/// use babelqueue_core::macro_support::GuardKey;
+/// use babelqueue_core::__private::GuardKey;
 ///
 /// let id = GuardKey::from("0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
 /// assert_eq!(&*id, "0b0e4f6a-3c1d-4f7e-9a51-2d8c6e1f0a77");
@@ -682,7 +680,7 @@ pub struct GuardFuture<C: ReturnsType> {
 /// type would name the future's type as a generic argument).
 ///
 /// ```
-/// use babelqueue_core::macro_support::{guard_future, never};
+/// use babelqueue_core::__private::{guard_future, never};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let out = guard_future(async { 7 }, || never(())).await;
 /// assert_eq!(out, 7);
@@ -718,103 +716,6 @@ impl<C: ReturnsType<Type: Future>> Future for GuardFuture<C> {
         // `GuardFuture` is `Unpin` only when `fut` is.
         unsafe { self.map_unchecked_mut(|this| &mut this.fut) }.poll(cx)
     }
-}
-
-/// A return type a `#[handler]` may have, and how the router runs such a handler.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a return type #[handler] supports",
-    label = "the router needs `()` or `Result<(), E>` where `E` implements `std::error::Error + Send + Sync + 'static`",
-    note = "the runtime acks, retries or dead-letters on the handler's result and records its error; return an error type of your own deriving `thiserror::Error` (or implementing `std::error::Error`), or `Box<dyn std::error::Error + Send + Sync>`"
-)]
-pub trait RoutableReturn: Sized {
-    /// Runs a sync `#[handler]` for the router.
-    fn route_sync<F>(f: F) -> BoxFuture<'static, HandlerOutput>
-    where
-        F: FnOnce() -> Self + Send + 'static;
-
-    /// Runs an async `#[handler]` for the router.
-    fn route_async<Fut>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
-    where
-        Fut: Future<Output = Self> + Send + 'static;
-}
-
-#[diagnostic::do_not_recommend]
-impl<R> RoutableReturn for R
-where
-    R: HandlerResult + Send + 'static,
-    R::Error: Into<BoxError>,
-{
-    fn route_sync<F>(f: F) -> BoxFuture<'static, HandlerOutput>
-    where
-        F: FnOnce() -> Self + Send + 'static,
-    {
-        run_sync(f)
-    }
-
-    fn route_async<Fut>(fut: Fut) -> BoxFuture<'static, HandlerOutput>
-    where
-        Fut: Future<Output = Self> + Send + 'static,
-    {
-        run_async(fut)
-    }
-}
-
-/// Builds one typed argument of a `#[handler]` fn; a rejection becomes the handler's
-/// error (a [`PayloadError`](crate::extract::PayloadError) for a payload that does not
-/// deserialize).
-pub fn extract<T: FromEnvelope>(envelope: &Envelope, state: &StateMap) -> Result<T, HandlerError> {
-    T::from_envelope(envelope, state).map_err(HandlerError::new)
-}
-
-/// Checks, before any message, that `state` holds what the argument type `T` of a
-/// `#[handler]` fn needs. Dispatched by autoref ([`ProbeState`] when `T` is an
-/// argument type, else [`ProbeNoState`]), so it adds no bound: a type that cannot be
-/// an argument is reported once, where the argument is built.
-pub struct StateProbe<T>(PhantomData<T>);
-
-impl<T> StateProbe<T> {
-    /// The probe for `T`.
-    #[allow(clippy::new_without_default)]
-    pub fn new() -> Self {
-        StateProbe(PhantomData)
-    }
-}
-
-/// [`StateProbe`] of an argument type: asks it.
-pub trait ProbeState {
-    /// Whether `state` holds what the argument needs, naming the handler `name`
-    /// (serving `urn`) when it does not.
-    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState>;
-}
-
-impl<T: FromEnvelope> ProbeState for StateProbe<T> {
-    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState> {
-        T::check_state(state).map_err(|e| e.in_handler(name, urn))
-    }
-}
-
-/// [`StateProbe`] of a type that is not an argument type (already a compile error).
-pub trait ProbeNoState {
-    /// Nothing to check.
-    fn probe_state(&self, state: &StateMap, name: &str, urn: &str) -> Result<(), MissingState>;
-}
-
-impl<T> ProbeNoState for &StateProbe<T> {
-    fn probe_state(&self, _: &StateMap, _: &str, _: &str) -> Result<(), MissingState> {
-        Ok(())
-    }
-}
-
-/// What the handler type of a `#[handler]` fn runs when `#[idempotent]`, stacked with it,
-/// rejected the fn's return type: a compile error, so never run; `#[handler]` does not
-/// check the return type a second time.
-pub fn return_rejected() -> BoxFuture<'static, HandlerOutput> {
-    Box::pin(std::future::pending())
-}
-
-/// The router's output for a handler whose arguments could not be built: it did not run.
-pub fn rejected(error: HandlerError) -> BoxFuture<'static, HandlerOutput> {
-    Box::pin(std::future::ready(Err(error)))
 }
 
 #[cfg(test)]

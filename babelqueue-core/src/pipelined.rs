@@ -11,7 +11,7 @@
 //! waits and is then skipped.
 //!
 //! A store offers it with [`AsyncStore::pipelined_remember`](crate::AsyncStore::pipelined_remember)
-//! and a transport accepts it when its [`pipeline_server`](crate::Transport::pipeline_server)
+//! and a transport accepts it when its `pipeline_server`
 //! names the same server. Anything else (no runtime, another server, a wrapper that does
 //! not forward it) keeps the plain `remember` call: nothing changes for a guard called by
 //! hand.

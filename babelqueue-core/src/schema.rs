@@ -325,7 +325,7 @@ type Compiled = Option<Arc<jsonschema::Validator>>;
 /// (each URN's schema is fetched and compiled once; a loading error is not cached, so a
 /// fixed file is picked up on the next check).
 ///
-/// Cheap to share: wrap it in an `Arc` (as [`App::schemas`](crate::runtime::App::schemas)
+/// Cheap to share: wrap it in an `Arc` (as `App::schemas`
 /// does).
 pub struct Schemas {
     provider: Box<dyn SchemaProvider>,

@@ -36,7 +36,7 @@ pub enum UnavailableKind {
     Timeout,
     /// The server could not be reached or the connection broke.
     Connection,
-    /// Injected by the fault kit (`babelqueue_core::testing::FaultyStore`).
+    /// Injected by the fault kit (`babelqueue_testing::faults::FaultyStore`).
     Injected,
 }
 

@@ -113,7 +113,7 @@ where
 {
     // Through the runtime's probe: a failed begin/claim/commit is the store's failure
     // (requeued without counting an attempt), not the handler's.
-    let out = crate::inflight::store_before(key.unwrap_or(""), fut).await;
+    let out = crate::hooks::store_before(key.unwrap_or(""), fut).await;
     if out.is_err() {
         tracing::debug!(
             key = key.unwrap_or(""),
@@ -125,7 +125,7 @@ where
 
 /// The blocking counterpart of [`store_call`].
 pub fn store_call_sync<T, E>(key: Option<&str>, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
-    let out = crate::inflight::store_before_sync(key.unwrap_or(""), f);
+    let out = crate::hooks::store_before_sync(key.unwrap_or(""), f);
     if out.is_err() {
         tracing::debug!(
             key = key.unwrap_or(""),

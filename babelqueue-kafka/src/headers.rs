@@ -2,12 +2,12 @@
 //! record.
 
 use babelqueue_core::binding::kafka::{self, retry};
-use babelqueue_core::runtime::Headers;
+use babelqueue_runtime::Headers;
 use serde_json::Value;
 
 /// The record headers the binding writes and reads itself (the projection, and the two
 /// headers of a record parked on a retry tier). Every other header of a consumed record is
-/// out-of-band ([`Delivery::headers`](babelqueue_core::runtime::Delivery::headers)).
+/// out-of-band ([`Delivery::headers`](babelqueue_runtime::Delivery::headers)).
 pub const PROJECTION_HEADERS: [&str; 8] = [
     kafka::JOB,
     kafka::TRACE_ID,
@@ -37,7 +37,7 @@ pub struct RecordMeta {
 /// ```
 /// use babelqueue_kafka::record_meta;
 /// let body = br#"{"job":"urn:babel:a:b","trace_id":"t","data":{},"meta":{"id":"m","lang":"go","schema_version":1,"created_at":1700000000000},"attempts":2}"#;
-/// let mut extra = babelqueue_core::runtime::Headers::new();
+/// let mut extra = babelqueue_runtime::Headers::new();
 /// extra.insert("traceparent".into(), "00-ab".into());
 /// let meta = record_meta(body, Some(&extra));
 /// assert_eq!(meta.timestamp_ms, Some(1_700_000_000_000));

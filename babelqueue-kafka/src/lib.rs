@@ -1,7 +1,7 @@
 //! # babelqueue-kafka
 //!
 //! BabelQueue on Apache Kafka: [`KafkaTransport`], the family's Kafka binding for the
-//! runtime's [`App`](babelqueue_core::runtime::App). A record produced here is what the Go,
+//! runtime's [`App`](babelqueue_runtime::App). A record produced here is what the Go,
 //! Python, PHP, Java, Node and .NET SDKs produce: topic = queue, the envelope as the record
 //! value byte for byte, the binding's UTF-8 headers (`bq-job`, `bq-trace-id`,
 //! `bq-message-id`, `bq-schema-version`, `bq-source-lang`, `bq-attempts`) and record
@@ -28,7 +28,7 @@
 //!
 //! ```no_run
 //! use babelqueue_kafka::KafkaTransport;
-//! use babelqueue_core::runtime::App;
+//! use babelqueue_runtime::App;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let t = KafkaTransport::new("kafka://127.0.0.1:9092")?;

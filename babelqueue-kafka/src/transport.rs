@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use babelqueue_core::binding::BrokerUrl;
 use babelqueue_core::binding::kafka::{self as binding, retry};
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::{
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::{
     ConsumerEvent, ConsumerOptions, Delivery, EventSink, QueueDepth, Republish, Transport,
     TransportError,
 };
@@ -163,7 +163,7 @@ impl Settings {
 ///     .commit_interval(Duration::from_millis(500))
 ///     .set("session.timeout.ms", "10000")
 ///     .build()?;
-/// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+/// # Ok::<(), babelqueue_runtime::TransportError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use]
@@ -453,8 +453,8 @@ impl KafkaTransport {
     ///
     /// ```no_run
     /// use babelqueue_kafka::KafkaTransport;
-    /// use babelqueue_core::runtime::Transport;
-    /// # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+    /// use babelqueue_runtime::Transport;
+    /// # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
     /// let t = KafkaTransport::new("kafka://127.0.0.1:9092")?;
     /// t.publish_raw("jobs", br#"{"job":"urn:babel:jobs:run","data":{}}"#.to_vec()).await?;
     /// # Ok(()) }
@@ -764,7 +764,7 @@ impl KafkaTransport {
         &self,
         queue: &str,
         body: &[u8],
-        extra: Option<&babelqueue_core::runtime::Headers>,
+        extra: Option<&babelqueue_runtime::Headers>,
         key: Option<&[u8]>,
     ) -> Result<(), TransportError> {
         let meta = record_meta(body, extra);
@@ -1107,7 +1107,7 @@ impl Transport for KafkaTransport {
         &'a self,
         queue: &'a str,
         body: &'a [u8],
-        headers: Option<&'a babelqueue_core::runtime::Headers>,
+        headers: Option<&'a babelqueue_runtime::Headers>,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move { self.publish_impl(queue, body, headers, None).await })
     }

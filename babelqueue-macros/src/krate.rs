@@ -1,7 +1,8 @@
 //! Which path names the runtime crate in the generated code.
 //!
 //! The user may depend on the `babelqueue` facade (possibly renamed) or on
-//! `babelqueue-core` directly; `proc-macro-crate` reads their `Cargo.toml` to tell which.
+//! `babelqueue-runtime` directly (which re-exports what the guard needs from
+//! `babelqueue-core`); `proc-macro-crate` reads their `Cargo.toml` to tell which.
 //! `crate = path` overrides the lookup (for crates that re-export babelqueue).
 
 use proc_macro_crate::{FoundCrate, crate_name};
@@ -11,8 +12,8 @@ use syn::{Ident, Path};
 
 /// The facade package.
 pub const FACADE: &str = "babelqueue";
-/// The core package.
-pub const CORE: &str = "babelqueue-core";
+/// The runtime package, for users without the facade.
+pub const CORE: &str = "babelqueue-runtime";
 
 /// The runtime path: the explicit `crate = path`, else the one found in `Cargo.toml`.
 pub fn runtime(explicit: Option<&Path>) -> TokenStream {
@@ -22,7 +23,7 @@ pub fn runtime(explicit: Option<&Path>) -> TokenStream {
     }
 }
 
-/// Chooses the path from what `Cargo.toml` declares: the facade first, then the core,
+/// Chooses the path from what `Cargo.toml` declares: the facade first, then the runtime,
 /// else `::babelqueue` (a build without Cargo, e.g. with `rustc --extern`).
 ///
 /// `FoundCrate::Itself` means the code being compiled belongs to that package without
@@ -49,17 +50,23 @@ mod tests {
     }
 
     #[test]
-    fn facade_preferred_then_core() {
+    fn facade_preferred_then_runtime() {
         let name = |n: &str| Some(FoundCrate::Name(n.to_owned()));
         assert_eq!(
-            path((name("babelqueue"), name("babelqueue_core"))),
+            path((name("babelqueue"), name("babelqueue_runtime"))),
             "::babelqueue"
         );
         assert_eq!(path((name("bq"), None)), "::bq");
-        assert_eq!(path((None, name("babelqueue_core"))), "::babelqueue_core");
+        assert_eq!(
+            path((None, name("babelqueue_runtime"))),
+            "::babelqueue_runtime"
+        );
         assert_eq!(path((None, name("core_renamed"))), "::core_renamed");
         assert_eq!(path((Some(FoundCrate::Itself), None)), "::babelqueue");
-        assert_eq!(path((None, Some(FoundCrate::Itself))), "::babelqueue_core");
+        assert_eq!(
+            path((None, Some(FoundCrate::Itself))),
+            "::babelqueue_runtime"
+        );
         assert_eq!(path((None, None)), "::babelqueue");
     }
 
@@ -69,20 +76,20 @@ mod tests {
     fn reads_the_users_cargo_toml() {
         let cases = [
             (
-                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dependencies]\nbabelqueue-core = \"0.1\"\n",
-                "::babelqueue_core",
+                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dependencies]\nbabelqueue-runtime = \"0.1\"\n",
+                "::babelqueue_runtime",
             ),
             (
                 "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dependencies]\nbq = { package = \"babelqueue\", version = \"0.1\" }\n",
                 "::bq",
             ),
             (
-                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dependencies]\nbabelqueue-core = \"0.1\"\nbabelqueue = \"0.1\"\n",
+                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dependencies]\nbabelqueue-runtime = \"0.1\"\nbabelqueue = \"0.1\"\n",
                 "::babelqueue",
             ),
             (
-                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dev-dependencies]\nbabelqueue-core = \"0.1\"\n",
-                "::babelqueue_core",
+                "[package]\nname = \"svc\"\nversion = \"0.1.0\"\n[dev-dependencies]\nbabelqueue-runtime = \"0.1\"\n",
+                "::babelqueue_runtime",
             ),
         ];
         let base = std::env::temp_dir().join(format!("bq-macros-krate-{}", std::process::id()));

@@ -3,7 +3,8 @@
 //!
 //! Use them through the `babelqueue` facade (`babelqueue::idempotent`,
 //! `babelqueue::handler`). This crate only turns tokens into one call of the runtime's
-//! hidden `__private` module: all behaviour lives (and is tested) in `babelqueue-core`.
+//! hidden `__private` module: all behaviour lives (and is tested) in `babelqueue-core` (the guard)
+//! and `babelqueue-runtime` (the router).
 //!
 //! Layout: `attr` parses the arguments (each with its span), `validate` checks the
 //! shape of the fn, `expand` generates the code, `krate` finds the runtime crate.
@@ -128,7 +129,7 @@ use proc_macro::TokenStream;
 /// | `lease = "30s"` | Lease mode: claim the key atomically before running, so two workers never run it at the same moment; the claim expires by itself after the lease (a crashed worker does not block the id forever). A key in flight elsewhere returns [`InFlight`] (converted into your error, so it must implement `From<InFlight>`): do not ack, retry later. Needs a [`LeaseStore`] / [`AsyncLeaseStore`] and a `Result<(), E>` return. |
 /// | `fingerprint` | A flag: the store keeps a digest (SHA-256 of the canonical JSON of `data`) with the key, and a later delivery of the key with another payload is refused with [`PayloadMismatch`] (converted into your error, so it must implement `From<PayloadMismatch>`; the runtime dead-letters it as `failed`) instead of being skipped. Needs a store keeping fingerprints (`InMemoryStore`, SQLite for a sync fn; Redis, PostgreSQL, SQLite, `InMemoryStore` for an `async fn`), an `Envelope` parameter and a `Result<(), E>` return; not with `lease`. |
 /// | `transactional = tx` | The body runs in the store's transaction, given to it under the name `tx` (any name): its writes through `tx` and the id's row commit together, or neither does. A sync fn needs the SQLite store (`tx` is a `rusqlite::Transaction`), an `async fn` the PostgreSQL store (`tx` is a `tokio_postgres::Transaction`). Combines with `key`, `namespace`, `ttl`, `fingerprint`; not with `lease`. |
-/// | `crate = <path>` | Where the runtime is, for crates that re-export babelqueue (`crate = my_platform::queue`). By default the macro reads your `Cargo.toml`: `::babelqueue` (or its renamed name), else `::babelqueue_core` when you depend on the core crate only. |
+/// | `crate = <path>` | Where the runtime is, for crates that re-export babelqueue (`crate = my_platform::queue`). By default the macro reads your `Cargo.toml`: `::babelqueue` (or its renamed name), else `::babelqueue_runtime` when you depend on the runtime crate without the facade (`crate = ::babelqueue_core` for `#[idempotent]` alone over the core crate). |
 ///
 /// # Supported forms
 ///

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use babelqueue_core::Envelope;
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::outbox::{OutboxError, OutboxRecord, OutboxStore};
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::outbox::{OutboxError, OutboxRecord, OutboxStore};
 use deadpool_postgres::Pool;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls, Transaction};
@@ -101,7 +101,7 @@ impl Drop for Listener {
 ///   `tokio_postgres::Transaction`, or the `deadpool_postgres::Transaction` the
 ///   transactional guard hands a handler, which derefs to one): it commits or rolls back
 ///   with your business write.
-/// - As an [`OutboxStore`] it serves [`OutboxRelay`](babelqueue_core::outbox::OutboxRelay)s:
+/// - As an [`OutboxStore`] it serves [`OutboxRelay`](babelqueue_runtime::outbox::OutboxRelay)s:
 ///   a claim is one `UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP
 ///   LOCKED)` that sets `claimed_until`, so several relays at once each take other rows,
 ///   and a crashed relay's rows are due again when its lease passes.
@@ -111,8 +111,8 @@ impl Drop for Listener {
 /// ```no_run
 /// use std::sync::Arc;
 /// use babelqueue_core::Envelope;
-/// use babelqueue_core::outbox::OutboxRelay;
-/// use babelqueue_core::runtime::InMemoryTransport;
+/// use babelqueue_runtime::outbox::OutboxRelay;
+/// use babelqueue_runtime::InMemoryTransport;
 /// use babelqueue_postgres::{PostgresOutbox, PostgresStore};
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/test").await?;
@@ -176,7 +176,7 @@ impl PostgresOutbox {
     }
 
     /// Refuses to save an envelope whose data breaks its URN's schema
-    /// ([`OutboxError::Schema`]), as [`App::publish`](babelqueue_core::runtime::App::publish)
+    /// ([`OutboxError::Schema`]), as [`App::publish`](babelqueue_runtime::App::publish)
     /// refuses to publish it.
     #[cfg(feature = "schema")]
     #[must_use]
@@ -232,11 +232,11 @@ impl PostgresOutbox {
     ) -> Result<i64, OutboxError> {
         #[cfg(feature = "schema")]
         let (bytes, queue) =
-            babelqueue_core::outbox::encode_checked(envelope, self.schemas.as_deref())?;
+            babelqueue_runtime::outbox::encode_checked(envelope, self.schemas.as_deref())?;
         #[cfg(not(feature = "schema"))]
         let (bytes, queue) = (
             envelope.encode(),
-            babelqueue_core::outbox::queue_of(envelope),
+            babelqueue_runtime::outbox::queue_of(envelope),
         );
         self.save_encoded(tx, &bytes, queue).await
     }
@@ -294,7 +294,7 @@ impl PostgresOutbox {
     /// Wakes this outbox's relay on every committed save: a task holds a connection of
     /// its own to `url` (without TLS) in `LISTEN <table>` and reconnects every second
     /// while it cannot. The relay still polls (its
-    /// [`poll_interval`](babelqueue_core::outbox::OutboxRelay::poll_interval)), so a lost
+    /// [`poll_interval`](babelqueue_runtime::outbox::OutboxRelay::poll_interval)), so a lost
     /// notification only delays a row. Call it inside a tokio runtime; the task ends when
     /// the last clone of this outbox is dropped.
     #[must_use]

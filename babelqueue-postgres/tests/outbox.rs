@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use babelqueue_core::handler::{BoxError, BoxFuture};
-use babelqueue_core::outbox::{OutboxRelay, OutboxStore};
-use babelqueue_core::runtime::{Delivery, InMemoryTransport, Transport, TransportError};
 use babelqueue_core::{Envelope, Outcome};
 use babelqueue_postgres::{PostgresOutbox, PostgresStore};
+use babelqueue_runtime::handler::{BoxError, BoxFuture};
+use babelqueue_runtime::outbox::{OutboxRelay, OutboxStore};
+use babelqueue_runtime::{Delivery, InMemoryTransport, Transport, TransportError};
 
 const NEEDS_PG: &str = "PostgreSQL must be reachable at BABELQUEUE_POSTGRES_URL \
                         (default postgres://postgres@127.0.0.1:5432/test)";
@@ -483,8 +483,8 @@ async fn an_expired_claim_is_relayed_by_another_relay() {
 #[tokio::test]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (BABELQUEUE_POSTGRES_URL); CI runs it with --include-ignored"]
 async fn the_outbox_write_refuses_data_that_breaks_its_schema() {
-    use babelqueue_core::outbox::OutboxError;
     use babelqueue_core::schema::{InMemoryProvider, Schemas};
+    use babelqueue_runtime::outbox::OutboxError;
     let f = Fixture::new("schema").await;
     let schemas = Schemas::new(InMemoryProvider::new().with(
         "urn:babel:orders:created",

@@ -14,11 +14,11 @@
 //! | `{<queue>}:consumers` | ZSET (member: consumer id, score: heartbeat expiry Unix ms) | heartbeat | `leave` (own list empty) or recovery of that consumer |
 //! | `{<queue>}:heartbeat:<consumer-id>` | STRING with a TTL (`PX`) | heartbeat | expiry, `leave` |
 //! | `{<queue>}:recoveries` | HASH (field: SHA-1 hex of the element, value: times recovered) | recovery | ack / requeue of that element; the whole hash expires 24 h after the last recovery |
-//! | `<queue>:processing` | LIST | the other SDKs' consumers | their acks; [`requeue_processing`](babelqueue_core::runtime::Transport::requeue_processing) |
+//! | `<queue>:processing` | LIST | the other SDKs' consumers | their acks; [`requeue_processing`](babelqueue_runtime::Transport::requeue_processing) |
 
 /// The processing list the other BabelQueue SDKs share: `<queue>:processing`. This SDK's
 /// consumers do not reserve into it (each has its own, [`consumer_processing_list`]); only
-/// the explicit [`requeue_processing`](babelqueue_core::runtime::Transport::requeue_processing)
+/// the explicit [`requeue_processing`](babelqueue_runtime::Transport::requeue_processing)
 /// moves its messages back to the queue.
 ///
 /// ```

@@ -18,11 +18,11 @@
 //!
 //! Headers (trace context) travel in a frame `{"__bq_frame":1,"headers":{…},"body":"…"}`
 //! only when headers are sent; reserved frames are unwrapped by
-//! [`Delivery`](babelqueue_core::runtime::Delivery).
+//! [`Delivery`](babelqueue_runtime::Delivery).
 //!
 //! Connections are opened lazily and reopened after a failure: a lost connection is
 //! reported as [`TransportError::Connection`] and the next call reconnects (the
-//! [`App`](babelqueue_core::runtime::App) backs off between attempts). Blocking reserves
+//! [`App`](babelqueue_runtime::App) backs off between attempts). Blocking reserves
 //! use a connection of their own (one at a time), so a `BLMOVE` never delays publishes
 //! and acks. Needs Redis 6.2 or later (`LMOVE` / `BLMOVE`).
 
@@ -31,9 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use babelqueue_core::handler::BoxFuture;
 use babelqueue_core::pipelined::PipelinedWrite;
-use babelqueue_core::runtime::{
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::{
     ConsumerOptions, Delivery, HeldElsewhere, ListMaintenance, Maintenance, QueueDepth, Recovered,
     Republish, Settled, Transport, TransportError,
 };
@@ -242,7 +242,7 @@ struct Inner {
 /// `rustls`); a Redis Cluster with `open_cluster` (feature `cluster`).
 ///
 /// ```no_run
-/// use babelqueue_core::runtime::App;
+/// use babelqueue_runtime::App;
 /// use babelqueue_redis::RedisTransport;
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let transport = RedisTransport::connect("redis://localhost:6379/0").await?;
@@ -304,7 +304,7 @@ impl RedisTransport {
     /// ```
     /// use babelqueue_redis::RedisTransport;
     /// let t = RedisTransport::open("redis://localhost")?.tcp_nodelay(true);
-    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     #[must_use]
     pub fn tcp_nodelay(self, nodelay: bool) -> Self {
@@ -405,7 +405,7 @@ impl RedisTransport {
     /// use babelqueue_redis::RedisTransport;
     /// let t = RedisTransport::open("redis://localhost")?.consumer_id("worker-1");
     /// assert_eq!(t.id(), "worker-1");
-    /// # Ok::<(), babelqueue_core::runtime::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     #[must_use]
     pub fn consumer_id(self, id: impl Into<String>) -> Self {
@@ -415,7 +415,7 @@ impl RedisTransport {
     }
 
     /// The heartbeat TTL written at this consumer's first reserve on a queue, before the
-    /// runtime's first [`heartbeat`](babelqueue_core::runtime::ListMaintenance::heartbeat) (default 30 s). Call before
+    /// runtime's first [`heartbeat`](babelqueue_runtime::ListMaintenance::heartbeat) (default 30 s). Call before
     /// first use.
     #[must_use]
     pub fn registration_ttl(self, ttl: Duration) -> Self {
@@ -445,10 +445,10 @@ impl RedisTransport {
     ///
     /// ```
     /// let t = babelqueue_redis::RedisTransport::open("redis://127.0.0.1:6379/0")?.pipelining(false);
-    /// use babelqueue_core::Transport;
+    /// use babelqueue_runtime::Transport;
     /// assert!(!t.combines_ack_and_reserve());
     /// assert_eq!(t.pipeline_server(), None);
-    /// # Ok::<(), babelqueue_core::TransportError>(())
+    /// # Ok::<(), babelqueue_runtime::TransportError>(())
     /// ```
     #[must_use]
     pub fn pipelining(self, on: bool) -> Self {

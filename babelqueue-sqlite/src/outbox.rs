@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use babelqueue_core::Envelope;
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::outbox::{OutboxError, OutboxRecord, OutboxStore};
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::outbox::{OutboxError, OutboxRecord, OutboxStore};
 use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
 use crate::{SqliteStoreError, deadline, now_ms, open_connection, validate_table};
@@ -82,20 +82,20 @@ impl Sql {
 ///   must exist in that database ([`open`](Self::open) creates it, or call
 ///   [`migrate`](Self::migrate) on your connection).
 /// - As an [`OutboxStore`] it serves
-///   [`OutboxRelay`](babelqueue_core::outbox::OutboxRelay)s through a connection of its
+///   [`OutboxRelay`](babelqueue_runtime::outbox::OutboxRelay)s through a connection of its
 ///   own. The claim scheme: SQLite has no row locks, so a claim is one `UPDATE … SET
 ///   claimed_until = now + lease WHERE id IN (SELECT … ORDER BY id LIMIT n) RETURNING …`
 ///   inside a `BEGIN IMMEDIATE` transaction: the database's single write lock serialises
 ///   claimers (several relays, in one process or several, each take other rows), and a
 ///   crashed relay's rows are due again when its lease passes.
 /// - New rows are noticed by polling (SQLite has no cross-connection notification); the
-///   relay's [`poll_interval`](babelqueue_core::outbox::OutboxRelay::poll_interval).
+///   relay's [`poll_interval`](babelqueue_runtime::outbox::OutboxRelay::poll_interval).
 ///
 /// ```
 /// use std::sync::Arc;
 /// use babelqueue_core::Envelope;
-/// use babelqueue_core::outbox::OutboxRelay;
-/// use babelqueue_core::runtime::InMemoryTransport;
+/// use babelqueue_runtime::outbox::OutboxRelay;
+/// use babelqueue_runtime::InMemoryTransport;
 /// use babelqueue_sqlite::SqliteOutbox;
 /// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
 /// let dir = std::env::temp_dir().join(format!("bq-doc-outbox-{}", std::process::id()));
@@ -203,11 +203,11 @@ impl SqliteOutbox {
     pub fn save(&self, tx: &Transaction<'_>, envelope: &Envelope) -> Result<i64, OutboxError> {
         #[cfg(feature = "schema")]
         let (bytes, queue) =
-            babelqueue_core::outbox::encode_checked(envelope, self.schemas.as_deref())?;
+            babelqueue_runtime::outbox::encode_checked(envelope, self.schemas.as_deref())?;
         #[cfg(not(feature = "schema"))]
         let (bytes, queue) = (
             envelope.encode(),
-            babelqueue_core::outbox::queue_of(envelope),
+            babelqueue_runtime::outbox::queue_of(envelope),
         );
         self.save_encoded(tx, &bytes, queue)
     }

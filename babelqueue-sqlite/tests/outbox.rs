@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use babelqueue_core::handler::{BoxError, BoxFuture};
-use babelqueue_core::outbox::{OutboxRelay, OutboxStore};
-use babelqueue_core::runtime::{Delivery, InMemoryTransport, Transport, TransportError};
 use babelqueue_core::{Envelope, Outcome};
+use babelqueue_runtime::handler::{BoxError, BoxFuture};
+use babelqueue_runtime::outbox::{OutboxRelay, OutboxStore};
+use babelqueue_runtime::{Delivery, InMemoryTransport, Transport, TransportError};
 use babelqueue_sqlite::{SqliteOutbox, SqliteStore};
 use rusqlite::Connection;
 
@@ -371,8 +371,8 @@ fn migrate_creates_the_table_on_a_callers_connection() {
 #[cfg(feature = "schema")]
 #[test]
 fn the_outbox_write_refuses_data_that_breaks_its_schema() {
-    use babelqueue_core::outbox::OutboxError;
     use babelqueue_core::schema::{InMemoryProvider, Schemas};
+    use babelqueue_runtime::outbox::OutboxError;
     let db = Db::new();
     let schemas = Schemas::new(InMemoryProvider::new().with(
         "urn:babel:orders:created",

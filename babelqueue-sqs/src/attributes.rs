@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
 use babelqueue_core::binding::sqs;
-use babelqueue_core::runtime::{Headers, TransportError};
+use babelqueue_runtime::{Headers, TransportError};
 use serde_json::Value;
 
 /// The attribute names of the contract's projection (`bq-job`, …): never out-of-band

@@ -8,8 +8,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::TransportError;
+use babelqueue_runtime::TransportError;
+use babelqueue_runtime::handler::BoxFuture;
 use tokio::sync::oneshot;
 
 /// SQS's cap on the entries of one batch call.

@@ -1,7 +1,7 @@
 //! # babelqueue-sqs
 //!
 //! BabelQueue on Amazon SQS: [`SqsTransport`], the family's SQS binding for the runtime's
-//! [`App`](babelqueue_core::runtime::App). A message produced here is what the Go,
+//! [`App`](babelqueue_runtime::App). A message produced here is what the Go,
 //! Python, PHP, Java, Node and .NET SDKs produce on SQS: the envelope as the body, byte
 //! for byte, with the binding's projection in `MessageAttributes`; dead letters go to the
 //! family's `<queue>-dlq`.
@@ -11,9 +11,9 @@
 //!
 //! ```no_run
 //! use babelqueue_sqs::SqsTransport;
-//! use babelqueue_core::runtime::Transport;
+//! use babelqueue_runtime::Transport;
 //!
-//! # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+//! # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
 //! let t = SqsTransport::connect("sqs://us-east-1?endpoint=http://127.0.0.1:4566").await?;
 //! t.publish_raw("jobs", br#"{"job":"urn:babel:jobs:run","data":{}}"#.to_vec()).await?;
 //! # Ok(()) }

@@ -1,7 +1,7 @@
 //! SQS queue names: what SQS accepts, and the family's dead-letter queue.
 
 use babelqueue_core::binding::sqs;
-use babelqueue_core::runtime::TransportError;
+use babelqueue_runtime::TransportError;
 
 /// The longest SQS queue name (the `.fifo` suffix included).
 pub const MAX_NAME_LEN: usize = 80;

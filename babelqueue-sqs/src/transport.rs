@@ -14,8 +14,8 @@ use aws_sdk_sqs::types::{
 };
 use babelqueue_core::binding::sqs;
 use babelqueue_core::binding::{BrokerUrl, SqsUrl};
-use babelqueue_core::handler::BoxFuture;
-use babelqueue_core::runtime::{
+use babelqueue_runtime::handler::BoxFuture;
+use babelqueue_runtime::{
     ConsumerOptions, Delivery, Headers, QueueDepth, Republish, Transport, TransportError,
 };
 use tokio::time::Instant;
@@ -155,7 +155,7 @@ impl Drop for Inner {
 }
 
 /// The Amazon SQS transport: the family's SQS binding for the runtime's
-/// [`App`](babelqueue_core::runtime::App).
+/// [`App`](babelqueue_runtime::App).
 ///
 /// - **Publish**: `SendMessage` with the envelope as the body, byte for byte (SQS bodies
 ///   are text: a body that is not UTF-8 is an error), and the binding's
@@ -219,7 +219,7 @@ impl Drop for Inner {
 ///
 /// ```no_run
 /// use babelqueue_sqs::SqsTransport;
-/// use babelqueue_core::runtime::App;
+/// use babelqueue_runtime::App;
 /// use babelqueue_core::Envelope;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -255,7 +255,7 @@ impl SqsTransport {
     /// endpoint or missing credentials fail the first operation.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+    /// # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
     /// let t = babelqueue_sqs::SqsTransport::connect("sqs://eu-west-1").await?;
     /// # Ok(()) }
     /// ```
@@ -315,7 +315,7 @@ impl SqsTransport {
     /// message is held (whole seconds, at least 1 s). Clones share it.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), babelqueue_core::runtime::TransportError> {
+    /// # async fn demo() -> Result<(), babelqueue_runtime::TransportError> {
     /// use std::time::Duration;
     /// let t = babelqueue_sqs::SqsTransport::connect("sqs://us-east-1").await?
     ///     .visibility_timeout(Duration::from_secs(60));

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use babelqueue_core::Envelope;
-use babelqueue_core::runtime::{App, InMemoryTransport, Transport, recover_poison, unframe};
+use babelqueue_runtime::{App, InMemoryTransport, Transport, recover_poison, unframe};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 //! record); `recover_poison` of arbitrary bytes never panics.
 #![no_main]
 
-use babelqueue_core::runtime::{poison_body, recover_poison};
+use babelqueue_runtime::{poison_body, recover_poison};
 use babelqueue_core::{DeadLetter, Envelope};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

@@ -1,6 +1,6 @@
 //! The generated code names the runtime crate by the name the user's `Cargo.toml` gives
 //! it: this builds and runs two small crates of their own, one depending on
-//! `babelqueue-core` + `babelqueue-macros` only (no facade), one depending on the facade
+//! `babelqueue-core` + `babelqueue-runtime` + `babelqueue-macros` only (no facade), one depending on the facade
 //! under another name (`bq = { package = "babelqueue" }`), both using the macros
 //! without `crate = ...`.
 //!
@@ -14,7 +14,8 @@ const MAIN_CORE_ONLY: &str = r#"
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use babelqueue_core::{Envelope, InMemoryStore, Outcome, Router};
+use babelqueue_core::{Envelope, InMemoryStore, Outcome};
+use babelqueue_runtime::Router;
 use babelqueue_macros::{handler, idempotent};
 
 static STORE: LazyLock<InMemoryStore> = LazyLock::new(InMemoryStore::new);
@@ -43,7 +44,7 @@ fn main() {
         assert_eq!(out, Some(Outcome::Skipped));
         refund(&env);
         assert_eq!(CHARGED.load(Ordering::SeqCst), 1);
-        println!("core-only ok");
+        println!("runtime-only ok");
     });
 }
 "#;
@@ -109,14 +110,15 @@ fn dep(name: &str, path: &Path) -> String {
 
 #[test]
 #[ignore = "compiles two crates of its own (about a minute); CI runs it with --include-ignored"]
-fn a_crate_depending_on_the_core_only_needs_no_crate_argument() {
+fn a_crate_without_the_facade_needs_no_crate_argument() {
     let deps = format!(
-        "{}\n{}",
+        "{}\n{}\n{}",
         dep("babelqueue-core", &root().join("babelqueue-core")),
+        dep("babelqueue-runtime", &root().join("babelqueue-runtime")),
         dep("babelqueue-macros", &root().join("babelqueue-macros")),
     );
-    let stdout = build_and_run("core-only-user", &deps, MAIN_CORE_ONLY);
-    assert_eq!(stdout.trim(), "core-only ok");
+    let stdout = build_and_run("runtime-only-user", &deps, MAIN_CORE_ONLY);
+    assert_eq!(stdout.trim(), "runtime-only ok");
 }
 
 #[test]

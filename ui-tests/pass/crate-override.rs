@@ -1,5 +1,6 @@
-//! `crate = path`: the runtime named through a re-export, or `babelqueue_core` directly
-//! (what a crate depending only on `babelqueue-core` gets without writing it).
+//! `crate = path`: the runtime named through a re-export, `babelqueue_runtime` directly
+//! (what a crate depending on `babelqueue-runtime` without the facade gets without
+//! writing it), or `babelqueue_core` for `#[idempotent]` alone (the guard's half).
 #![deny(warnings)]
 
 use std::sync::LazyLock;
@@ -25,8 +26,8 @@ async fn through_core(env: &babelqueue_core::Envelope) {
     let _ = env;
 }
 
-#[handler("urn:babel:payments:charge", crate = ::babelqueue_core)]
-#[idempotent(store = STORE, crate = ::babelqueue_core)]
+#[handler("urn:babel:payments:charge", crate = ::babelqueue_runtime)]
+#[idempotent(store = STORE, crate = ::babelqueue_runtime)]
 fn core_handler(env: &Envelope) {
     let _ = env;
 }
@@ -37,6 +38,6 @@ async fn main() {
     through_reexport(&env);
     through_core(&env).await;
     core_handler(&env);
-    let router = babelqueue_core::Router::new().register(core_handler {});
+    let router = babelqueue_runtime::Router::new().register(core_handler {});
     assert!(router.get("urn:babel:payments:charge").is_some());
 }
