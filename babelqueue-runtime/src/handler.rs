@@ -285,7 +285,8 @@ pub struct UnknownUrn(pub String);
 /// Routes envelopes to handlers by URN.
 ///
 /// ```
-/// use babelqueue_core::{Envelope, Router};
+/// use babelqueue_core::Envelope;
+/// use babelqueue_runtime::Router;
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let router = Router::new()
 ///     .route_sync("urn:babel:orders:created", |env: &Envelope| {
@@ -304,7 +305,8 @@ pub struct UnknownUrn(pub String);
 /// [`State<T>`](crate::extract::State) argument:
 ///
 /// ```
-/// use babelqueue_core::{Envelope, Router, TypedHandler};
+/// use babelqueue_core::Envelope;
+/// use babelqueue_runtime::{Router, TypedHandler};
 /// use babelqueue_runtime::extract::StateMap;
 /// struct Pool(&'static str);
 /// let router = Router::new().state(Pool("postgres://…"));
@@ -359,7 +361,8 @@ impl Router {
     /// first. Order does not matter: state added after a handler reaches it too.
     ///
     /// ```
-    /// use babelqueue_core::{Envelope, InMemoryStore, Router};
+    /// use babelqueue_core::{Envelope, InMemoryStore};
+    /// use babelqueue_runtime::Router;
     /// let store = InMemoryStore::new(); // chosen at start-up: no `static` needed
     /// let router = Router::new().state(store);
     /// # let _ = router;
@@ -376,7 +379,7 @@ impl Router {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use babelqueue_core::Router;
+    /// use babelqueue_runtime::Router;
     /// struct Ledger { fee: u32 }
     /// let ledger = Arc::new(Ledger { fee: 30 }); // also used outside the handlers
     /// let router = Router::new().state_arc(Arc::clone(&ledger));
@@ -419,7 +422,8 @@ impl Router {
     ///
     /// ```
     /// use babelqueue_runtime::extract::{MissingState, StateMap};
-    /// use babelqueue_core::{BoxFuture, Envelope, FromEnvelope, Router, State, TypedHandler};
+    /// use babelqueue_core::{BoxFuture, Envelope};
+    /// use babelqueue_runtime::{FromEnvelope, Router, State, TypedHandler};
     /// use babelqueue_runtime::handler::HandlerOutput;
     /// struct Pool;
     /// struct Charge;
